@@ -1,0 +1,27 @@
+# `make test` on a fresh machine: build .venv (CPU tool chain + SGLang 0.5.23), then run every test.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test venv demo clean
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(VPY) -m sglang_nvfp4.demo
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/cpu.txt requirements/sglang-cpu.txt
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements/cpu.txt
+	$(VPY) -m pip install -q --no-deps sglang==0.5.23
+	$(VPY) -m pip install -q -r requirements/sglang-cpu.txt
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,159 @@
+"""The sparse-attention kernel contract, implemented exactly and slowly in torch (runs on CPU).
+
+``sparse_prefill_reference`` is the oracle every kernel (Triton, FlyDSL) is tested against, and the
+CPU implementation behind the dispatcher.
+
+Contract
+--------
+Inputs: ``q [T, H, 128]`` (bf16/fp16/fp32), one layer's ``cache`` (see :mod:`sglang_nvfp4.format`),
+``topk [Hkv, T, K] int32`` logical block ids (``-1`` = none; the kernels use ``K = TOPK = 16``),
+``block_table [R, S] int32`` (logical block -> page, per request row), ``req [T] int32`` (request row
+of each token), ``pos [T] int32`` (position of each token in its request), fp32 global
+``k_scale``/``v_scale`` (float or one-element tensor), ``sm_scale``.
+
+Semantics: query head ``i`` uses KV head ``i // (H // Hkv)``. For token ``t`` and KV head ``h`` the
+distinct non-negative ids in ``topk[h, t]`` are logical blocks of request ``req[t]``; block ``b``
+maps to page ``block_table[req[t], b]``; key ``j`` of that page has position ``128*b + j``; keys at
+positions ``> pos[t]`` get no weight; duplicate ids count once; a token with no valid key outputs 0.
+A selected block beyond the token's own block therefore contributes nothing. Keys that no token
+can see never affect any output, whatever their bytes (the unwritten tail of a request's last page,
+stale pages, NaN-coded scales): kernels zero V for keys that no row of a tile can see.
+
+Preconditions (not checked, relied on by the fused kernels): a request's block table maps distinct
+blocks to distinct pages, and the ``block_table`` entry of every selected block is a valid page.
+
+Numerics (``mode="kernel"``, as the fused kernels compute): Q is rounded to fp16; K and V are
+dequantized to fp16 *without* their global scales (``e2m1 * e4m3`` is exact in fp16); scores
+``S = Q.K^T`` accumulate in fp32; base-2 logits ``S * c`` with ``c = sm_scale * log2(e) * k_scale``;
+``p = exp2(S*c - max)``, ``l = sum(p)`` in fp32; ``p`` is rounded to fp16 before ``P.V`` (fp32
+accumulation); ``out = (P.V) * (v_scale / l)``, cast to q's dtype. Kernels using an online softmax
+round ``p`` against a running max, so they match this within fp16 rounding, not bitwise.
+``mode="ideal"`` computes the same function in float64 with no intermediate rounding (K/V fully
+dequantized), for accuracy measurement.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import format as fmt
+
+_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_TOKENS_PER_CHUNK = 128  # tokens per score block on CPU
+
+
+def validate_sparse_args(q, cache, topk, block_table, req, pos) -> tuple[int, int, int]:
+    """Check shapes and dtypes of the contract's tensors; returns ``(T, H, Hkv)``.
+
+    Raises ``ValueError`` naming the offending argument. Data-dependent checks (id ranges) are in
+    :func:`validate_sparse_values`, which needs a device sync."""
+    hkv = fmt.check_cache(cache)
+    if q.dim() != 3 or q.shape[2] != fmt.HEAD_DIM or q.dtype not in _Q_DTYPES:
+        raise ValueError(f"q: expected bf16/fp16/fp32 [T, H, {fmt.HEAD_DIM}], got {q.dtype} {tuple(q.shape)}")
+    t, h = q.shape[0], q.shape[1]
+    if h % hkv:
+        raise ValueError(f"q: {h} query heads is not a multiple of the cache's {hkv} KV heads")
+    if topk.dtype != torch.int32 or topk.dim() != 3 or topk.shape[:2] != (hkv, t) or topk.shape[2] < 1:
+        raise ValueError(f"topk: expected int32 [{hkv}, {t}, K], got {topk.dtype} {tuple(topk.shape)}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise ValueError(f"block_table: expected int32 [R, S], got {block_table.dtype} {tuple(block_table.shape)}")
+    for name, x in (("req", req), ("pos", pos)):
+        if x.dtype != torch.int32 or x.shape != (t,):
+            raise ValueError(f"{name}: expected int32 [{t}], got {x.dtype} {tuple(x.shape)}")
+    for name, x in (("q", q), ("topk", topk), ("block_table", block_table), ("req", req), ("pos", pos)):
+        if x.device != cache.device:
+            raise ValueError(f"{name}: on {x.device}, cache on {cache.device}")
+    return t, h, hkv
+
+
+def validate_sparse_values(cache, topk, block_table, req, pos) -> None:
+    """Range checks on the index tensors (syncs with the device)."""
+    if req.numel():
+        if int(req.min()) < 0 or int(req.max()) >= block_table.shape[0]:
+            raise ValueError(f"req: rows must be in [0, {block_table.shape[0]}), got {req.min()}..{req.max()}")
+        if int(pos.min()) < 0:
+            raise ValueError(f"pos: positions must be >= 0, got min {int(pos.min())}")
+    if topk.numel() and int(topk.max()) >= block_table.shape[1]:
+        raise ValueError(f"topk: block id {int(topk.max())} is beyond the block table's {block_table.shape[1]} columns")
+    if topk.numel() and int(topk.min()) < -1:
+        raise ValueError(f"topk: ids must be >= -1, got {int(topk.min())}")
+
+
+def sparse_prefill_reference(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    topk: torch.Tensor,
+    block_table: torch.Tensor,
+    req: torch.Tensor,
+    pos: torch.Tensor,
+    k_scale,
+    v_scale,
+    sm_scale: float,
+    *,
+    mode: str = "kernel",
+) -> torch.Tensor:
+    """Sparse attention over the NVFP4 cache; ``out [T, H, 128]`` in q's dtype (float64 in ideal mode)."""
+    if mode not in ("kernel", "ideal"):
+        raise ValueError(f"mode: expected 'kernel' or 'ideal', got {mode!r}")
+    t_all, h, hkv = validate_sparse_args(q, cache, topk, block_table, req, pos)
+    validate_sparse_values(cache, topk, block_table, req, pos)
+    ideal = mode == "ideal"
+    out = torch.zeros(t_all, h, fmt.HEAD_DIM, dtype=torch.float64 if ideal else q.dtype, device=q.device)
+    if t_all == 0:
+        return out
+    group = h // hkv
+    blocks = topk.long()  # [Hkv, T, K]
+    valid = blocks >= 0
+    pages = block_table.long()[req.long()[None, :, None], blocks.clamp(min=0)]  # [Hkv, T, K]
+    bad = valid & ((pages < 0) | (pages >= cache.shape[0]))
+    if bool(bad.any()):
+        raise ValueError(f"block_table: selected blocks map to pages outside [0, {cache.shape[0]})")
+
+    # Dequantize each referenced page once; without global scales in kernel mode (exact in fp16).
+    used, inverse = torch.unique(pages[valid], return_inverse=True)
+    slot = torch.full_like(pages, -1)
+    slot[valid] = inverse
+    if ideal:
+        k_all, v_all = fmt.read_kv(cache, used, k_scale, v_scale)
+        k_all, v_all = k_all.double(), v_all.double()
+        qf, c, v_gs = q.double(), sm_scale, 1.0
+    else:
+        k_all, v_all = fmt.read_kv(cache, used, 1.0, 1.0)
+        k_all, v_all = k_all.half().float(), v_all.half().float()
+        qf = q.half().float()
+        c = sm_scale * math.log2(math.e) * float(fmt.as_scale(k_scale, "cpu"))
+        v_gs = float(fmt.as_scale(v_scale, "cpu"))
+
+    offsets = torch.arange(fmt.PAGE_SIZE, device=q.device)
+    for kvh in range(hkv):
+        for start in range(0, t_all, _TOKENS_PER_CHUNK):
+            tok = slice(start, min(start + _TOKENS_PER_CHUNK, t_all))
+            chunk_slot, chunk_blk = slot[kvh, tok], blocks[kvh, tok]  # [C, K]
+            ok = chunk_slot >= 0
+            if not bool(ok.any()):
+                continue
+            # The chunk's union of pages; each token attends the members it selected (once each).
+            union, member = torch.unique(chunk_slot[ok], return_inverse=True)
+            member_block = torch.full((chunk_slot.shape[0], union.numel()), -1, dtype=torch.long, device=q.device)
+            member_block[ok.nonzero()[:, 0], member] = chunk_blk[ok]
+            key_pos = member_block[:, :, None] * fmt.PAGE_SIZE + offsets  # [C, U, 128]
+            visible = (member_block[:, :, None] >= 0) & (key_pos <= pos[tok].long()[:, None, None])
+            visible = visible.flatten(1)  # [C, U*128]
+            kk = k_all[union, kvh].flatten(0, 1)  # [U*128, 128]
+            # Keys no token sees may hold any bytes (NaN codes too): keep them out of P.V entirely.
+            vv = torch.where(visible.any(dim=0)[:, None], v_all[union, kvh].flatten(0, 1), 0.0)
+            qq = qf[tok, kvh * group : (kvh + 1) * group]  # [C, G, 128]
+            logits = torch.matmul(qq, kk.T) * c  # [C, G, U*128]
+            logits = logits.masked_fill(~visible[:, None, :], float("-inf"))
+            m = logits.amax(dim=-1, keepdim=True)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            p = torch.exp(logits - m) if ideal else torch.exp2(logits - m)
+            l_sum = p.sum(dim=-1, keepdim=True)
+            if not ideal:
+                p = p.half().float()
+            o = torch.matmul(p, vv)
+            scale = torch.where(l_sum > 0, v_gs / l_sum, torch.zeros_like(l_sum))
+            out[tok, kvh * group : (kvh + 1) * group] = (o * scale).to(out.dtype)
+    return out
