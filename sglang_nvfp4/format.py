@@ -188,41 +188,82 @@ def write_kv(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch
     Only the written tokens' bytes change: a V byte shared with a neighbour token keeps its nibble.
     ``slots`` must be distinct and inside the cache (checked: this is the reference path)."""
     hkv = check_cache(cache)
-    n = slots.shape[0] if slots.dim() == 1 else -1
-    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slots: expected int32/int64 [N], got {slots.dtype} {tuple(slots.shape)}")
+    n = _check_slots(cache, slots)
     for name, t in (("k", k), ("v", v)):
         if t.shape != (n, hkv, HEAD_DIM):
             raise ValueError(f"{name}: expected shape {(n, hkv, HEAD_DIM)}, got {tuple(t.shape)}")
     if n == 0:
         return
-    capacity = cache.shape[0] * PAGE_SIZE
-    lo, hi = int(slots.min()), int(slots.max())
-    if lo < 0 or hi >= capacity:
-        raise ValueError(f"slots: values must be in [0, {capacity}), got min {lo} max {hi}")
-    if torch.unique(slots).numel() != n:
-        raise ValueError("slots: must be distinct")
+    k_packed, k_sc = quantize_nvfp4(k.to(cache.device), k_scale)
+    v_packed, v_sc = quantize_nvfp4(v.to(cache.device), v_scale)
+    _scatter_records(cache, slots, torch.cat((k_packed, k_sc, v_packed, v_sc), dim=-1))
 
+
+def _check_slots(cache: torch.Tensor, slots: torch.Tensor) -> int:
+    """Validate token slots for a scatter (dtype, range, distinct); returns their count."""
+    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slots: expected int32/int64 [N], got {slots.dtype} {tuple(slots.shape)}")
+    n = slots.shape[0]
+    if n:
+        capacity = cache.shape[0] * PAGE_SIZE
+        lo, hi = int(slots.min()), int(slots.max())
+        if lo < 0 or hi >= capacity:
+            raise ValueError(f"slots: values must be in [0, {capacity}), got min {lo} max {hi}")
+        if torch.unique(slots).numel() != n:
+            raise ValueError("slots: must be distinct")
+    return n
+
+
+# A token's bytes, gathered from the layout into one record per KV head: its K row (codes and
+# scales), its V codes for dims 0..127 (two per byte, even dim low) and its 8 V scales.
+TOKEN_RECORD_BYTES = ROW_BYTES + CODE_BYTES + NUM_GROUPS  # 144
+
+
+def _token_index(cache: torch.Tensor, slots: torch.Tensor):
+    """Advanced indices of every byte a token owns: K row, V code bytes (+ nibble shift), V scales."""
+    hkv = cache.shape[1] // 2
     slots = slots.to(cache.device).long()
     page, row = slots // PAGE_SIZE, slots % PAGE_SIZE
     heads = torch.arange(hkv, device=cache.device)
-    k_packed, k_sc = quantize_nvfp4(k, k_scale)
-    cache[page[:, None], heads[None, :], row[:, None]] = torch.cat((k_packed, k_sc), dim=-1)
-
-    v_packed, v_sc = quantize_nvfp4(v, v_scale)
-    v_codes = unpack_nibbles(v_packed)  # [N, Hkv, 128 dims]
-    dims = torch.arange(HEAD_DIM, device=cache.device)
+    k_idx = (page[:, None], heads[None, :], row[:, None])  # -> [N, Hkv, 72]
     v_heads = (hkv + heads)[None, :, None]
-    for parity in (0, 1):  # even rows then odd rows: the two tokens of a byte never race
+    dims = torch.arange(HEAD_DIM, device=cache.device)[None, None, :]
+    v_code_idx = (page[:, None, None], v_heads, dims, (row // 2)[:, None, None])  # -> [N, Hkv, 128]
+    groups = torch.arange(NUM_GROUPS, device=cache.device)[None, None, :]
+    scale_rows = V_SCALE_ROWS_PER_GROUP * groups + (row // 8)[:, None, None]
+    v_scale_idx = (page[:, None, None], v_heads, scale_rows, (SCALE_OFFSET + row % 8)[:, None, None])  # -> [N, Hkv, 8]
+    return k_idx, v_code_idx, v_scale_idx, row
+
+
+def read_token_records(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The bytes of the tokens at ``slots``: ``uint8 [N, Hkv, TOKEN_RECORD_BYTES]`` (exact, no requantization)."""
+    check_cache(cache)
+    k_idx, v_code_idx, v_scale_idx, row = _token_index(cache, slots)
+    v_codes = (cache[v_code_idx] >> (4 * (row % 2)).to(torch.uint8)[:, None, None]) & 0xF
+    return torch.cat((cache[k_idx], pack_nibbles(v_codes), cache[v_scale_idx]), dim=-1)
+
+
+def write_token_records(cache: torch.Tensor, slots: torch.Tensor, records: torch.Tensor) -> None:
+    """Inverse of :func:`read_token_records`: put whole tokens back (moves, offload restore), in place."""
+    hkv = check_cache(cache)
+    n = _check_slots(cache, slots)
+    if records.dtype != torch.uint8 or records.shape != (n, hkv, TOKEN_RECORD_BYTES):
+        raise ValueError(f"records: expected uint8 {(n, hkv, TOKEN_RECORD_BYTES)}, got {records.dtype} {tuple(records.shape)}")
+    if n:
+        _scatter_records(cache, slots, records.to(cache.device))
+
+
+def _scatter_records(cache: torch.Tensor, slots: torch.Tensor, records: torch.Tensor) -> None:
+    slots = slots.to(cache.device)
+    k_idx, _, v_scale_idx, row = _token_index(cache, slots)
+    cache[k_idx] = records[..., :ROW_BYTES]
+    cache[v_scale_idx] = records[..., ROW_BYTES + CODE_BYTES :]
+    v_codes = unpack_nibbles(records[..., ROW_BYTES : ROW_BYTES + CODE_BYTES])  # [N, Hkv, 128 dims]
+    for parity in (0, 1):  # even rows, then odd rows: the two tokens of a byte never race
         sel = (row % 2) == parity
-        if not bool(sel.any()):
-            continue
-        idx = (page[sel][:, None, None], v_heads, dims[None, None, :], (row[sel] // 2)[:, None, None])
+        v_code_idx = _token_index(cache, slots[sel])[1]
         keep = 0xF0 if parity == 0 else 0x0F
-        cache[idx] = (cache[idx] & keep) | (v_codes[sel] << (4 * parity))
-    groups = torch.arange(NUM_GROUPS, device=cache.device)
-    scale_rows = V_SCALE_ROWS_PER_GROUP * groups[None, None, :] + (row // 8)[:, None, None]
-    cache[page[:, None, None], v_heads, scale_rows, (SCALE_OFFSET + row % 8)[:, None, None]] = v_sc
+        cache[v_code_idx] = (cache[v_code_idx] & keep) | (v_codes[sel] << (4 * parity))
 
 
 def read_kv(cache: torch.Tensor, pages: torch.Tensor, k_scale, v_scale) -> tuple[torch.Tensor, torch.Tensor]:

@@ -212,3 +212,29 @@ def test_write_kv_rejects_bad_shapes():
     with pytest.raises(ValueError, match="cache"):
         fmt.write_kv(torch.zeros(2, 4, 128, 64, dtype=torch.uint8), torch.tensor([0]),
                      torch.zeros(1, 2, 128), torch.zeros(1, 2, 128), 1.0, 1.0)
+
+
+def test_token_records_roundtrip_and_move_exactly():
+    hkv = 2
+    gen = torch.Generator().manual_seed(8)
+    cache = _poisoned_cache(4, hkv, seed=9)
+    src = torch.tensor([5, 6, 130, 200, 511])
+    k, v = torch.randn(2, 5, hkv, 128, generator=gen)
+    fmt.write_kv(cache, src, k, v, 1.0, 1.0)
+    records = fmt.read_token_records(cache, src)
+    assert records.shape == (5, hkv, fmt.TOKEN_RECORD_BYTES)
+    kp, ks = fmt.quantize_nvfp4(k, 1.0)
+    vp, vs = fmt.quantize_nvfp4(v, 1.0)
+    assert torch.equal(records, torch.cat((kp, ks, vp, vs), dim=-1))
+    # move the tokens to other slots: each destination reads back the source token, nothing else changes
+    dst = torch.tensor([300, 7, 8, 131, 0])
+    before = cache.clone()
+    fmt.write_token_records(cache, dst, records)
+    assert torch.equal(fmt.read_token_records(cache, dst), records)
+    assert torch.equal(fmt.read_token_records(cache, src), records)
+    kr, vr = fmt.read_kv(cache, torch.tensor([2]), 1.0, 1.0)
+    assert torch.equal(vr[0, :, 300 - 256], fmt.dequantize_nvfp4(vp[0], vs[0], 1.0))
+    others = torch.tensor([s for s in range(512) if s not in set(dst.tolist())])
+    assert torch.equal(fmt.read_token_records(cache, others), fmt.read_token_records(before, others))
+    with pytest.raises(ValueError, match="records"):
+        fmt.write_token_records(cache, dst, records[:, :, :100])
