@@ -1,0 +1,492 @@
+"""Kernel benchmarks on a CUDA GPU: NVFP4 sparse prefill and decode against their peers, cache write.
+
+Run on the GPU host (bench/gpu_session.sh does, with the offline SGLang bundle on PYTHONPATH):
+
+    python bench/bench_kernels.py --out DIR            # everything; DIR/kernels_h200.{json,png}
+    python bench/bench_kernels.py --profile            # one prefill and one decode launch, for ncu
+
+Prefill: one request of T tokens, T in {8K, 32K, 64K, 128K}, (H, Hkv) in {(64, 4), (16, 1)}. Selection
+patterns: "random" (per token and KV head, the own block plus 15 distinct random earlier blocks: the
+worst case for a tile's union), "shared8" (one random selection per run of 8 tokens) and "indexer"
+(``sglang_nvfp4.indexer.select_blocks`` on the benchmark's random data, when that module imports).
+Peers in the same run: dense causal SDPA (bf16), SGLang's in-tree ``flash_prefill_with_gqa_share_sparse``
+on bf16 K/V holding the same values with the same selection (block_size_q 1, or 8 for shared8), and
+"dequantize the selected pages to bf16 (a Triton kernel using the same tile decoder) + that kernel".
+Reported: median ms (``triton.testing.do_bench``, which flushes L2 between runs), effective TF/s on the
+selected visible keys (4 * 128 flop per query head and key), the tile union size, speed-ups.
+
+Decode: batch {1, 32, 256} x context {8K, 32K, 128K}, H=64/Hkv=4, random top-16 per KV head, timed as
+CUDA-graph replays; GB/s on the bytes the kernel reads (selected pages, q, selection) and writes (out),
+against the measured device-to-device copy bandwidth (bytes read + written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4 import kernels
+from sglang_nvfp4.kernels import triton_decode, triton_prefill
+from sglang_nvfp4.kernels.triton_tiles import (
+    BLOCK_WORDS,
+    HEAD_DIM,
+    PAGE,
+    TILE_SCALE,
+    load_k_tile,
+    load_vt_tile,
+    vt_tile_dim,
+)
+
+PREFILL_T = (32768, 8192, 65536, 131072)  # the swept and target size first: results are saved as they come
+PREFILL_HEADS = ((64, 4), (16, 1))
+PATTERNS = ("random", "shared8", "indexer")
+SHARED_RUN = 8
+INDEXER_MAX_T = 65536  # the indexer pattern is measured up to this length (device-time budget)
+DECODE_BATCH = (1, 32, 256)
+DECODE_CTX = (8192, 32768, 131072)
+DECODE_HEADS = (64, 4)
+SWEEP_T = 32768  # prefill and decode configs are swept at this size
+DECODE_SWEEP = (None, triton_decode.DECODE_MAX_REGISTERS)  # register cap off / on
+FLOP_PER_KEY = 4 * fmt.HEAD_DIM  # QK and PV multiply-adds per query head and key
+PAGE_BYTES_READ = 2 * fmt.PAGE_SIZE * fmt.ROW_BYTES  # one head's K and V^T blocks of a page
+DEV = "cuda"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def bench_ms(fn) -> float:
+    """Median milliseconds of ``fn`` (L2 flushed between runs)."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def graph_ms(fn) -> float:
+    """Median milliseconds of ``fn`` replayed from a CUDA graph (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench_ms(graph.replay)
+
+
+def ceilings() -> dict:
+    """Measured device-to-device copy bandwidth and bf16 matmul rate."""
+    src = torch.empty(2 << 30, dtype=torch.uint8, device=DEV).random_(0, 256)
+    dst = torch.empty_like(src)
+    copy_ms = bench_ms(lambda: dst.copy_(src))
+    a, b = (torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    mm_ms = bench_ms(lambda: a @ b)
+    return {"copy_GBps": 2 * src.numel() / copy_ms / 1e6, "bf16_matmul_TFps": 2 * 8192**3 / mm_ms / 1e9}
+
+
+# ----------------------------------------------------------------------------------------------
+# Problems
+# ----------------------------------------------------------------------------------------------
+
+
+def one_request(t: int, hkv: int, gen: torch.Generator):
+    """A cache holding one request of ``t`` tokens on shuffled pages, written by the Triton write
+    kernel from random bf16 K/V; returns ``(cache, block_table [1, t/128], slots [t])``."""
+    pages = t // fmt.PAGE_SIZE
+    cache = fmt.alloc_cache(pages, hkv, device=DEV)
+    block_table = torch.randperm(pages, device=DEV, generator=gen).int()[None]
+    tokens = torch.arange(t, device=DEV)
+    slots = block_table[0].long()[tokens // fmt.PAGE_SIZE] * fmt.PAGE_SIZE + tokens % fmt.PAGE_SIZE
+    chan = torch.exp(torch.randn(hkv, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.5)
+    for start in range(0, t, 16384):
+        part = slice(start, start + 16384)
+        n = slots[part].shape[0]
+        k = (torch.randn(n, hkv, fmt.HEAD_DIM, device=DEV, generator=gen) * chan).bfloat16()
+        v = torch.randn(n, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
+        kernels.write_kv(cache, slots[part], k, v, 1.0, 1.0)
+    return cache, block_table, slots
+
+
+def random_blocks(pos: torch.Tensor, hkv: int, gen: torch.Generator, num_blocks: int) -> torch.Tensor:
+    """Per KV head and token: the own block plus ``TOPK - 1`` distinct random earlier blocks (all of
+    them when fewer), ids in random order then -1. int32 ``[Hkv, T, TOPK]``."""
+    out = torch.full((hkv, pos.shape[0], fmt.TOPK), -1, dtype=torch.int32, device=DEV)
+    blocks = torch.arange(num_blocks, device=DEV)
+    width = min(fmt.TOPK, num_blocks)
+    for start in range(0, pos.shape[0], 4096):
+        own = (pos[start : start + 4096].long() // fmt.PAGE_SIZE)[None, :, None]
+        score = torch.rand(hkv, own.shape[1], num_blocks, device=DEV, generator=gen)
+        score = torch.where(blocks > own, -1.0, torch.where(blocks == own, 2.0, score))
+        top, ids = torch.topk(score, width, dim=-1)
+        out[:, start : start + 4096, :width] = torch.where(top < 0, -1, ids).int()
+    return out
+
+
+def selection(pattern: str, q, cache, block_table, slots, pos, gen) -> torch.Tensor:
+    hkv, num_blocks = cache.shape[1] // 2, block_table.shape[1]
+    if pattern == "random":
+        return random_blocks(pos, hkv, gen, num_blocks)
+    if pattern == "shared8":  # runs of 8 tokens never straddle a block; each run takes its last token's draw
+        last = random_blocks(pos[SHARED_RUN - 1 :: SHARED_RUN], hkv, gen, num_blocks)
+        return last.repeat_interleave(SHARED_RUN, dim=1)[:, : pos.shape[0]].contiguous()
+    from sglang_nvfp4.indexer import BlockSummaries, select_blocks
+
+    summaries = BlockSummaries(cache.shape[0], hkv, device=DEV)
+    summaries.update(cache, slots)
+    req = torch.zeros_like(pos)
+    return select_blocks(q, summaries, block_table, req, pos)
+
+
+def visible_keys(topk: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Distinct selected keys at or before each token's position, summed over KV heads and tokens."""
+    ids = torch.sort(topk.long(), dim=-1).values
+    repeat = torch.zeros_like(ids, dtype=torch.bool)
+    repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
+    keys = (pos.long()[None, :, None] - fmt.PAGE_SIZE * ids + 1).clamp(0, fmt.PAGE_SIZE)
+    return torch.where((ids >= 0) & ~repeat, keys, 0).sum()
+
+
+# ----------------------------------------------------------------------------------------------
+# Peers
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _pages_to_bf16_kernel(cache_ptr, pages_ptr, blocks_ptr, k_out_ptr, v_out_ptr, k_scale, v_scale,
+                          HKV: tl.constexpr, USE_PTX: tl.constexpr):
+    """Dequantize page ``pages[i]`` (logical block ``blocks[i]``) of KV head ``program_id(1)`` into
+    bf16 ``k_out, v_out [slots, Hkv, 128]`` at slots ``128 * block + j`` (SGLang's dense layout)."""
+    i = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    page = tl.load(pages_ptr + i).to(tl.int64)
+    block = tl.load(blocks_ptr + i).to(tl.int64)
+    base = page * (2 * HKV * BLOCK_WORDS)
+    slot = block * PAGE + tl.arange(0, PAGE)
+    dims = tl.arange(0, HEAD_DIM)
+    k = load_k_tile(cache_ptr, base + kv_head * BLOCK_WORDS, USE_PTX).to(tl.float32) * (TILE_SCALE * k_scale)
+    tl.store(k_out_ptr + (slot[:, None] * HKV + kv_head) * HEAD_DIM + dims[None, :], k.to(tl.bfloat16))
+    every_key = tl.full((PAGE,), 1, tl.int1)
+    vt = load_vt_tile(cache_ptr, base + (HKV + kv_head) * BLOCK_WORDS, every_key, USE_PTX).to(tl.float32)
+    vt = vt * (TILE_SCALE * v_scale)
+    tl.store(v_out_ptr + (slot[None, :] * HKV + kv_head) * HEAD_DIM + vt_tile_dim(dims)[:, None], vt.to(tl.bfloat16))
+
+
+class InTreeSparse:
+    """SGLang's ``flash_prefill_with_gqa_share_sparse`` over bf16 K/V of one request."""
+
+    def __init__(self, cache, block_table, topk, t):
+        from sglang.kernels.ops.attention.minimax_sparse.prefill.topk_sparse import (
+            flash_prefill_with_gqa_share_sparse,
+        )
+
+        self.fn = flash_prefill_with_gqa_share_sparse
+        hkv = cache.shape[1] // 2
+        used = torch.unique(block_table[0].long()[torch.unique(topk[topk >= 0]).long()])
+        block_of_page = torch.empty(cache.shape[0], dtype=torch.int32, device=DEV)
+        block_of_page[block_table[0].long()] = torch.arange(block_table.shape[1], device=DEV, dtype=torch.int32)
+        self.pages, self.blocks = used.int(), block_of_page[used]
+        self.cache, self.hkv, self.t = cache, hkv, t
+        self.k = torch.zeros(t, hkv, fmt.HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+        self.v = torch.zeros_like(self.k)
+        self.dequantize()
+        i32 = dict(dtype=torch.int32, device=DEV)
+        self.common = dict(
+            sink=None, req_to_token=torch.arange(t, **i32)[None], slot_ids=torch.zeros(1, **i32),
+            block_size_k=fmt.PAGE_SIZE, cu_seqlens=torch.tensor([0, t], **i32), seq_lens=torch.tensor([t], **i32),
+            prefix_lens=torch.zeros(1, **i32), max_seqlen_q=t, sm_scale=fmt.HEAD_DIM**-0.5,
+        )
+
+    def dequantize(self):
+        _pages_to_bf16_kernel[(self.pages.shape[0], self.hkv)](
+            self.cache, self.pages, self.blocks, self.k, self.v, 1.0, 1.0, HKV=self.hkv, USE_PTX=True, num_warps=4)
+
+    def attend(self, q, topk_per_qblock, block_size_q):
+        return self.fn(q=q, k_cache=self.k, v_cache=self.v, topk_idx=topk_per_qblock, block_size_q=block_size_q,
+                       **self.common)
+
+
+def dense_causal_ms(q, k_dense, v_dense):
+    """Dense causal SDPA (bf16), K/V expanded to the query heads."""
+    g = q.shape[1] // k_dense.shape[1]
+    q4 = q.transpose(0, 1)[None].contiguous()
+    k4 = k_dense.transpose(0, 1).repeat_interleave(g, dim=0)[None].contiguous()
+    v4 = v_dense.transpose(0, 1).repeat_interleave(g, dim=0)[None].contiguous()
+    fn = lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)  # noqa: E731
+    return bench_ms(fn)
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------
+
+
+def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep):
+    cache, block_table, slots = one_request(t, hkv, gen)
+    pos = torch.arange(t, device=DEV, dtype=torch.int32)
+    req = torch.zeros_like(pos)
+    q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    topk = selection(pattern, q, cache, block_table, slots, pos, gen)
+    flop = FLOP_PER_KEY * (heads // hkv) * int(visible_keys(topk, pos))
+    args = (q, cache, topk, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+    out = torch.empty_like(q)
+    row = {"T": t, "H": heads, "Hkv": hkv, "pattern": pattern, "selected_flop": flop}
+    cfg = triton_prefill.default_prefill_config(heads // hkv)
+    union_len, _ = triton_prefill.plan_tiles(topk, block_table, req, pos, cfg.tokens_per_tile)
+    row.update(config=list(cfg), union_mean=union_len.float().mean().item(), union_max=int(union_len.max()))
+    row["ours_ms"] = bench_ms(lambda: kernels.sparse_prefill(*args, out=out))
+    row["ours_TFps"] = flop / row["ours_ms"] / 1e9
+    if sweep:
+        row["sweep"] = []
+        for c in triton_prefill.PREFILL_CONFIGS:
+            u, _ = triton_prefill.plan_tiles(topk, block_table, req, pos, c.tokens_per_tile)
+            ms = bench_ms(lambda: triton_prefill.sparse_prefill(*args, out, config=c))
+            row["sweep"].append({"config": list(c), "ms": ms, "union_mean": u.float().mean().item()})
+    if in_tree_ok:
+        peer = InTreeSparse(cache, block_table, topk, t)
+        block_size_q = SHARED_RUN if pattern == "shared8" else 1
+        per_qblock = topk[:, block_size_q - 1 :: block_size_q]
+        # right-pad each row's ids with -1, as the in-tree kernel reads the first (#ids >= 0) entries
+        per_qblock = torch.sort(per_qblock, dim=-1, descending=True).values.contiguous()
+        theirs = peer.attend(q, per_qblock, block_size_q)
+        row["in_tree_rel_diff"] = ((theirs.double() - out.double()).norm() / out.double().norm()).item()
+        row["in_tree_ms"] = bench_ms(lambda: peer.attend(q, per_qblock, block_size_q))
+        row["dequant_ms"] = bench_ms(peer.dequantize)
+        row["dequant_in_tree_ms"] = bench_ms(lambda: (peer.dequantize(), peer.attend(q, per_qblock, block_size_q)))
+        for name in ("in_tree", "dequant_in_tree"):
+            row[f"{name}_TFps"] = flop / row[f"{name}_ms"] / 1e9
+            row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["ours_ms"]
+        k_dense, v_dense = peer.k, peer.v
+    else:
+        k_dense = v_dense = None
+    return row, (q, k_dense, v_dense)
+
+
+def save(results, out):
+    """Write the JSON (after every case, so a run cut short keeps what it measured) and the plot."""
+    report = {k: v for k, v in results.items() if not k.startswith("_")}
+    with open(os.path.join(out, "kernels_h200.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def run_prefill(patterns, t_list, in_tree_ok, results, out):
+    cases = [(t, h, hkv, p) for t in t_list for h, hkv in PREFILL_HEADS for p in patterns
+             if p != "indexer" or t <= INDEXER_MAX_T]
+    for i, (t, heads, hkv, pattern) in enumerate(cases):
+        if i and t != cases[i - 1][0]:
+            plot(results, os.path.join(out, "kernels_h200.png"))
+        gen = torch.Generator(device=DEV).manual_seed(t + heads + len(pattern))
+        try:
+            row, (q, k_dense, v_dense) = prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep=t == SWEEP_T)
+        except Exception as exc:  # noqa: BLE001 - a failing case is recorded, the run goes on
+            row = {"T": t, "H": heads, "Hkv": hkv, "pattern": pattern, "error": repr(exc)[:500]}
+            log(f"[{i + 1}/{len(cases)}] prefill T={t} H={heads}/{hkv} {pattern}: FAILED {row['error']}")
+            results["prefill"].append(row)
+            save(results, out)
+            continue
+        dense_key = (t, heads, hkv)
+        if k_dense is not None and dense_key not in results["_dense"]:
+            dense_ms = dense_causal_ms(q, k_dense, v_dense)
+            dense_flop = FLOP_PER_KEY * heads * t * (t + 1) // 2
+            results["_dense"][dense_key] = {"dense_ms": dense_ms, "dense_TFps": dense_flop / dense_ms / 1e9}
+        if dense_key in results["_dense"]:
+            row.update(results["_dense"][dense_key])
+            row["speedup_vs_dense"] = row["dense_ms"] / row["ours_ms"]
+        results["prefill"].append(row)
+        save(results, out)
+        log(f"[{i + 1}/{len(cases)}] prefill T={t} H={heads}/{hkv} {pattern}: ours {row['ours_ms']:.3f} ms "
+            f"({row['ours_TFps']:.0f} TF/s, union {row['union_mean']:.1f}/tile), in-tree {row.get('in_tree_ms', 0):.3f}, "
+            f"dequant+in-tree {row.get('dequant_in_tree_ms', 0):.3f}, dense {row.get('dense_ms', 0):.3f} ms")
+        del q, k_dense, v_dense
+        torch.cuda.empty_cache()
+
+
+def decode_problem(batch, ctx, gen):
+    """``batch`` requests of ``ctx`` tokens on random pages of random bytes (scale bytes 0x28..0x3F,
+    2**-2..2, no NaN codes), one query token each at the last position, random top-16; returns the
+    dispatcher's arguments (tensor scales, as under CUDA graphs)."""
+    heads, hkv = DECODE_HEADS
+    blocks = ctx // fmt.PAGE_SIZE
+    cache = fmt.alloc_cache(batch * blocks, hkv, device=DEV).random_(0, 256, generator=gen)
+    cache[..., fmt.SCALE_OFFSET :].random_(0x28, 0x40, generator=gen)
+    block_table = torch.randperm(batch * blocks, device=DEV, generator=gen).int().view(batch, blocks)
+    pos = torch.full((batch,), ctx - 1, dtype=torch.int32, device=DEV)
+    req = torch.arange(batch, dtype=torch.int32, device=DEV)
+    topk = random_blocks(pos, hkv, gen, blocks)
+    q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    scales = torch.tensor([1.0], device=DEV), torch.tensor([1.0], device=DEV)
+    return q, cache, topk, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5
+
+
+def decode_case(batch, ctx, gen, copy_gbps, sweep):
+    args = decode_problem(batch, ctx, gen)
+    q, topk = args[0], args[2]
+    heads, hkv = DECODE_HEADS
+    out = torch.empty_like(q)
+    pages = int((topk >= 0).sum())  # distinct by construction
+    moved = pages * PAGE_BYTES_READ + 2 * q.numel() * q.element_size() + topk.numel() * 4
+    row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "bytes": moved,
+           "splits": triton_decode.default_splits(batch, hkv, fmt.TOPK, q.device)}
+    row["ms"] = graph_ms(lambda: kernels.sparse_decode(*args, out=out))
+    row["GBps"] = moved / row["ms"] / 1e6
+    row["fraction_of_copy"] = row["GBps"] / copy_gbps
+    if sweep:
+        row["sweep"] = []
+        for cap in DECODE_SWEEP:
+            ms = graph_ms(lambda: triton_decode.sparse_decode(*args, out, max_registers=cap))
+            row["sweep"].append({"max_registers": cap, "ms": ms, "GBps": moved / ms / 1e6})
+    return row
+
+
+def run_decode(results, copy_gbps, out):
+    cases = [(b, c) for c in DECODE_CTX for b in DECODE_BATCH]
+    for i, (batch, ctx) in enumerate(cases):
+        gen = torch.Generator(device=DEV).manual_seed(batch + ctx)
+        try:
+            row = decode_case(batch, ctx, gen, copy_gbps, sweep=(batch, ctx) == (256, SWEEP_T))
+        except Exception as exc:  # noqa: BLE001
+            row = {"batch": batch, "ctx": ctx, "error": repr(exc)[:500]}
+            log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx}: FAILED {row['error']}")
+        else:
+            log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx}: {row['ms'] * 1e3:.1f} us, "
+                f"{row['GBps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), splits {row['splits']}")
+        results["decode"].append(row)
+        save(results, out)
+        torch.cuda.empty_cache()
+
+
+def run_write(results):
+    for n in (256, 32768):
+        hkv = 4
+        cache = fmt.alloc_cache(n // fmt.PAGE_SIZE + 1, hkv, device=DEV)
+        slots = torch.arange(n, device=DEV)
+        k, v = torch.randn(2, n, hkv, fmt.HEAD_DIM, device=DEV).bfloat16()
+        ms = graph_ms(lambda: kernels.write_kv(cache, slots, k, v, 1.0, 1.0))
+        moved = 2 * k.numel() * 2 + n * hkv * (fmt.BYTES_PER_TOKEN_PER_HEAD + fmt.CODE_BYTES) + slots.numel() * 8
+        results["write"].append({"tokens": n, "Hkv": hkv, "ms": ms, "GBps": moved / ms / 1e6})
+        log(f"write {n} tokens x {hkv} KV heads: {ms * 1e3:.1f} us")
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    for ax, pattern in zip(axes[:2], ("random", "shared8")):
+        rows = sorted((r for r in results["prefill"] if r.get("pattern") == pattern and r["H"] == 64 and "ours_ms" in r),
+                      key=lambda r: r["T"])
+        ts = [r["T"] for r in rows]
+        for key, label in (("ours_ms", "NVFP4 fused (ours)"), ("in_tree_ms", "in-tree sparse, bf16 KV"),
+                           ("dequant_in_tree_ms", "dequant + in-tree"), ("dense_ms", "dense causal SDPA bf16")):
+            if rows and all(key in r for r in rows):
+                ax.plot(ts, [r[key] for r in rows], marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="ms",
+               title=f"prefill H=64/Hkv=4, top-16 {pattern}")
+        ax.set_xticks(sorted(ts), [f"{t // 1024}K" for t in sorted(ts)])
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+    ax = axes[2]
+    for ctx in DECODE_CTX:
+        rows = [r for r in results["decode"] if r.get("ctx") == ctx and "GBps" in r]
+        ax.plot([r["batch"] for r in rows], [r["GBps"] for r in rows], marker="o", label=f"ctx {ctx // 1024}K")
+    ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls="--", label="measured copy")
+    ax.axhline(0.7 * results["ceilings"]["copy_GBps"], color="gray", ls=":", label="70% of copy (target)")
+    ax.set(xscale="log", xlabel="batch", ylabel="GB/s (bytes read + written)", title="decode H=64/Hkv=4, top-16")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"{results['meta']['gpu']}, {results['meta']['date']}: {results['meta']['command']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def profile():
+    """One warm-up and one measured launch of prefill (T=32K, H=64/Hkv=4, random) and decode
+    (batch 256, ctx 32K); run under ``ncu --launch-skip 2 --launch-count 2 -k regex:_sparse_``."""
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    cache, block_table, slots = one_request(SWEEP_T, 4, gen)
+    pos = torch.arange(SWEEP_T, device=DEV, dtype=torch.int32)
+    q = (torch.randn(SWEEP_T, 64, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    topk = random_blocks(pos, 4, gen, block_table.shape[1])
+    decode_args = decode_problem(256, SWEEP_T, gen)
+    for _ in range(2):
+        kernels.sparse_prefill(q, cache, topk, block_table, torch.zeros_like(pos), pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+        kernels.sparse_decode(*decode_args)
+    torch.cuda.synchronize()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench/results", help="folder for kernels_h200.json / .png")
+    parser.add_argument("--profile", action="store_true", help="only the launches to profile with ncu")
+    parser.add_argument("--prefill-t", type=int, nargs="*", default=list(PREFILL_T))
+    parser.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode", "write"])
+    args = parser.parse_args()
+    if args.profile:
+        return profile()
+    os.makedirs(args.out, exist_ok=True)
+    patterns = list(PATTERNS)
+    try:
+        import sglang_nvfp4.indexer  # noqa: F401
+    except ImportError as exc:
+        print(f"note: the 'indexer' pattern is skipped: sglang_nvfp4.indexer does not import ({exc})")
+        patterns.remove("indexer")
+    try:
+        from sglang.kernels.ops.attention.minimax_sparse.prefill import topk_sparse  # noqa: F401
+
+        in_tree_ok = True
+    except ImportError as exc:
+        print(f"note: SGLang peers are skipped: the in-tree kernel does not import ({exc})")
+        in_tree_ok = False
+    props = torch.cuda.get_device_properties(0)
+    results = {
+        "meta": {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
+                 "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
+                 "patterns": patterns},
+        "prefill": [], "decode": [], "write": [], "_dense": {},
+    }
+    log(f"{props.name}: measuring copy bandwidth and bf16 matmul")
+    results["ceilings"] = ceilings()
+    log(f"copy {results['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {results['ceilings']['bf16_matmul_TFps']:.0f} TF/s")
+    if "write" not in args.skip:
+        run_write(results)
+    if "decode" not in args.skip:
+        run_decode(results, results["ceilings"]["copy_GBps"], args.out)
+    if "prefill" not in args.skip:
+        run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out)
+    save(results, args.out)
+    plot(results, os.path.join(args.out, "kernels_h200.png"))
+    log(f"wrote {args.out}/kernels_h200.json and .png")
+    summary(results)
+
+
+def summary(results):
+    print("\nprefill (ms; speed-up of ours in brackets)")
+    print(f"{'T':>7} {'H/Hkv':>6} {'pattern':>8} {'ours':>8} {'TF/s':>6} {'union':>6} {'in-tree':>15} {'deq+in-tree':>15} {'dense':>15}")
+    for r in results["prefill"]:
+        if "ours_ms" not in r:
+            print(f"{r['T']:>7} {r['H']}/{r['Hkv']:<4} {r['pattern']:>8}  error")
+            continue
+        peer = lambda k: f"{r[k + '_ms']:8.2f} ({r['speedup_vs_' + k]:4.1f}x)" if k + "_ms" in r else " " * 15  # noqa: E731
+        print(f"{r['T']:>7} {r['H']:>3}/{r['Hkv']:<2} {r['pattern']:>8} {r['ours_ms']:8.3f} {r['ours_TFps']:6.0f} "
+              f"{r['union_mean']:6.1f} {peer('in_tree')} {peer('dequant_in_tree')} {peer('dense')}")
+    print("\ndecode H=64/Hkv=4")
+    for r in results["decode"]:
+        if "ms" in r:
+            print(f"batch {r['batch']:>3} ctx {r['ctx'] // 1024:>3}K: {r['ms'] * 1e3:8.1f} us {r['GBps']:6.0f} GB/s "
+                  f"{100 * r['fraction_of_copy']:4.0f}% of copy")
+
+
+if __name__ == "__main__":
+    main()

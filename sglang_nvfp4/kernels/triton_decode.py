@@ -1,0 +1,184 @@
+"""Triton sparse decode over the NVFP4 cache: one query token per request (contract:
+:mod:`sglang_nvfp4.reference`).
+
+Decode reads each selected page once per (token, KV head), so the aim is bytes in flight: one
+program per (token, KV head, split) holds the ``GROUP`` query heads (padded to 16) and walks its
+share of the token's deduplicated selection (split ``s`` takes the ``s``-th, ``s + SPLITS``-th, ...
+kept block). The products are transposed, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``: keys and dims sit
+on the matrix unit's M side (128 rows, Hopper's wgmma) and the heads on N, so the decoded tiles are
+used from registers and only ``Q^T`` and the small ``P^T`` pass through shared memory.
+With ``SPLITS > 1`` (small batches that would leave most multiprocessors idle) each program writes
+its partial ``(acc, max, sum)`` and ``_combine_splits_kernel`` merges them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_tiles import (
+    BLOCK_WORDS,
+    HEAD_DIM,
+    LOG2E,
+    PAGE,
+    TILE_SCALE,
+    global_scale,
+    load_k_tile,
+    load_vt_tile,
+    uses_ptx,
+    vt_tile_dim,
+)
+
+MIN_DOT_ROWS = 16  # tl.dot needs at least 16 rows
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 2
+DECODE_MAX_REGISTERS = 168  # NVIDIA: 3 programs per multiprocessor instead of 2, without spills (Triton 3.6)
+
+
+def default_splits(num_tokens: int, num_kv_heads: int, topk_width: int, device: torch.device) -> int:
+    """Splits per (token, KV head): enough programs for about two per multiprocessor, at most one
+    selected block per program."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = triton.cdiv(2 * sms, max(1, num_tokens * num_kv_heads))
+    return min(triton.next_power_of_2(want), triton.next_power_of_2(topk_width))
+
+
+@triton.jit
+def _sparse_decode_kernel(
+    q_ptr, out_ptr, part_acc_ptr, part_stats_ptr, cache_ptr,  # q/out [T, H, 128]; partials fp32
+    topk_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    k_scale, v_scale, sm_scale,
+    K, stride_qt, stride_qh, stride_ot, stride_oh, stride_kh, stride_kt, stride_kk, stride_br, stride_bs,
+    HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, K_POW2: tl.constexpr, SPLITS: tl.constexpr,
+    K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr, USE_PTX: tl.constexpr,
+):
+    token = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # The token's selection: keep the first occurrence of each block that starts at or before pos.
+    slot = tl.arange(0, K_POW2)
+    block = tl.load(topk_ptr + kv_head * stride_kh + token.to(tl.int64) * stride_kt + slot * stride_kk,
+                    mask=slot < K, other=-1)
+    pos = tl.load(pos_ptr + token)
+    req = tl.load(req_ptr + token)
+    selected = (block >= 0) & (block * PAGE <= pos)
+    repeat = (block[:, None] == block[None, :]) & selected[None, :] & (slot[None, :] < slot[:, None])
+    keep = selected & (tl.max(repeat.to(tl.int32), axis=1) == 0)
+    order = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    num_kept = tl.sum(keep.to(tl.int32), axis=0)
+
+    rows = tl.arange(0, ROWS)
+    live = rows < GROUP
+    head = kv_head * GROUP + rows
+    dims = tl.arange(0, HEAD_DIM)
+    q_rows = q_ptr + token.to(tl.int64) * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_rows + dims[None, :], mask=live[:, None], other=0.0).to(tl.float16)
+    logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
+
+    keys = tl.arange(0, PAGE)
+    # Transposed products (keys and dims on the M side, the query heads on N): the decoded tiles are
+    # the A operands, so only Q^T and P^T pass through shared memory.
+    q_t = tl.trans(q)  # [128 dims, ROWS]
+    m_i = tl.full((ROWS,), float("-inf"), tl.float32)
+    l_i = tl.zeros((ROWS,), tl.float32)
+    acc_t = tl.zeros((HEAD_DIM, ROWS), tl.float32)
+    for j in range(split, num_kept, SPLITS):
+        block_j = tl.sum(tl.where(keep & (order == j), block, 0), axis=0)
+        page = tl.load(block_table_ptr + req.to(tl.int64) * stride_br + block_j * stride_bs).to(tl.int64)
+        page_base = page * (2 * HKV * BLOCK_WORDS)  # in 4-byte words
+        k = load_k_tile(cache_ptr, page_base + kv_head * BLOCK_WORDS, USE_PTX)
+        s_t = tl.dot(k, q_t)  # [128 keys, ROWS]
+        visible = (block_j * PAGE + keys) <= pos
+        s_t = tl.where(visible[:, None], s_t * logit_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))  # finite: key 128 * block_j <= pos is visible
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, axis=0)
+        vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, visible, USE_PTX)
+        acc_t = tl.dot(vt, p_t.to(tl.float16), acc_t * alpha[None, :])
+        m_i = m_new
+    acc = tl.trans(acc_t)
+
+    if SPLITS == 1:
+        out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
+        norm = tl.where(l_i > 0, out_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
+        tl.store(out_ptr + token.to(tl.int64) * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
+                 (acc * norm[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+    else:
+        part = (token.to(tl.int64) * HKV + kv_head) * SPLITS + split
+        tl.store(part_acc_ptr + part * ROWS * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
+        tl.store(part_stats_ptr + part * 2 * ROWS + rows, m_i)
+        tl.store(part_stats_ptr + part * 2 * ROWS + ROWS + rows, l_i)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    out_ptr, part_acc_ptr, part_stats_ptr, v_scale, stride_ot, stride_oh,
+    HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    V_SCALE_BY_POINTER: tl.constexpr,
+):
+    token = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.arange(0, SPLITS)
+    rows = tl.arange(0, ROWS)
+    dims = tl.arange(0, HEAD_DIM)
+    part = (token.to(tl.int64) * HKV + kv_head) * SPLITS + split  # [SPLITS]
+    stats = part_stats_ptr + part[:, None] * 2 * ROWS + rows[None, :]
+    m = tl.load(stats)  # [SPLITS, ROWS]
+    l = tl.load(stats + ROWS)
+    m_max = tl.max(m, axis=0)
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+    weight = tl.exp2(m - m_ref[None, :])  # 0 for splits that saw nothing
+    l_sum = tl.sum(weight * l, axis=0)
+    acc = tl.load(part_acc_ptr + part[:, None, None] * ROWS * HEAD_DIM + rows[None, :, None] * HEAD_DIM
+                  + dims[None, None, :])
+    acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, 128]
+    out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
+    norm = tl.where(l_sum > 0, out_scale / tl.where(l_sum > 0, l_sum, 1.0), 0.0)
+    head = kv_head * GROUP + rows
+    tl.store(out_ptr + token.to(tl.int64) * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
+             (acc * norm[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
+
+
+def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
+                  num_warps: int = DECODE_NUM_WARPS, num_stages: int = DECODE_NUM_STAGES,
+                  max_registers: int | None = DECODE_MAX_REGISTERS):
+    """Launch the decode kernel (and the split combine); arguments as validated by the dispatcher.
+
+    ``q``, ``out``: ``[T, H, 128]`` with unit stride in the last dim, one token per row; ``splits``:
+    programs per (token, KV head), a power of two (default :func:`default_splits`). Returns ``out``."""
+    t, h, _ = q.shape
+    hkv = cache.shape[1] // 2
+    group = h // hkv
+    if t == 0:
+        return out
+    width = topk.shape[2]
+    splits = splits or default_splits(t, hkv, width, q.device)
+    if splits & (splits - 1):
+        raise ValueError(f"splits must be a power of two, got {splits}")
+    rows = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
+    if splits > 1:
+        part_acc = torch.empty((t, hkv, splits, rows, HEAD_DIM), dtype=torch.float32, device=q.device)
+        part_stats = torch.empty((t, hkv, splits, 2, rows), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_stats = out  # unused
+    k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
+    register_cap = {"maxnreg": max_registers} if uses_ptx(q.device) and max_registers else {}
+    _sparse_decode_kernel[(t, hkv, splits)](
+        q, out, part_acc, part_stats, cache, topk, block_table, req.contiguous(), pos.contiguous(),
+        k_scale, v_scale, float(sm_scale),
+        width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *topk.stride(), *block_table.stride(),
+        HKV=hkv, GROUP=group, ROWS=rows, K_POW2=triton.next_power_of_2(width), SPLITS=splits,
+        K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer, USE_PTX=uses_ptx(q.device),
+        num_warps=num_warps, num_stages=num_stages, **register_cap,
+    )
+    if splits > 1:
+        _combine_splits_kernel[(t, hkv)](
+            out, part_acc, part_stats, v_scale, out.stride(0), out.stride(1),
+            HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, V_SCALE_BY_POINTER=v_by_pointer, num_warps=4,
+        )
+    return out

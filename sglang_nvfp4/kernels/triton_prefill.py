@@ -1,0 +1,206 @@
+"""Triton sparse prefill over the NVFP4 cache (contract: :mod:`sglang_nvfp4.reference`).
+
+Work is split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV head, so a
+tile is ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wgmma). Two launches:
+
+1. ``_plan_tiles_kernel`` (one program per tile and KV head): gathers the tile's selected blocks,
+   drops ``-1`` ids and blocks that start after the selecting token's position, deduplicates the
+   ``(page, block)`` pairs and writes the tile's union as three int32 lists plus its length: the
+   page, the logical block (key positions are ``128 * block + j``) and a bitmask of the tile's
+   tokens that selected it.
+2. ``_sparse_prefill_kernel`` (one program per tile and KV head, deepest tiles first): for each
+   union entry it decodes the page's K and V^T tiles once (bit arithmetic, :mod:`.triton_tiles`),
+   computes ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past
+   each token's position, and runs an online softmax in exp2 with ``P`` rounded to fp16 before
+   ``P.V``. Rows that see no key write 0.
+
+Every union entry costs a page decode and a full ``M x 128 x 128`` pair of products, so the tile size
+trades the decode shared by the tile's tokens against products spent on rows that did not select a
+page; ``PREFILL_CONFIGS`` lists the shapes bench/bench_kernels.py sweeps (results and the choice of
+the default: bench/results/kernels_h200.md).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_tiles import (
+    BLOCK_WORDS,
+    HEAD_DIM,
+    LOG2E,
+    PAGE,
+    TILE_SCALE,
+    global_scale,
+    load_k_tile,
+    load_vt_tile,
+    uses_ptx,
+    vt_tile_dim,
+)
+
+
+class PrefillConfig(NamedTuple):
+    tokens_per_tile: int  # BLOCK_T
+    num_warps: int
+    num_stages: int
+
+
+# Swept by bench/bench_kernels.py at T=32K (H200, Triton 3.6, 2026-11-29). A first sweep also had
+# 1 and 2 tokens per tile and 4 tokens with 8 warps: slower for every selection pattern.
+PREFILL_CONFIGS = (PrefillConfig(4, 4, 2), PrefillConfig(8, 8, 2))
+TILE_ROWS = 64  # default tile: 64 rows (4 tokens x 16 heads), 4 warps: best or within 3% for every pattern
+
+
+def default_prefill_config(group: int) -> PrefillConfig:
+    """The tile shape used when none is given, for ``group`` query heads per KV head."""
+    rows_per_token = triton.next_power_of_2(group)
+    return PrefillConfig(max(1, TILE_ROWS // rows_per_token), 4, 2)
+
+
+@triton.jit
+def _plan_tiles_kernel(
+    topk_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,  # int32 [Hkv, tiles], [Hkv, tiles, WIDTH] x 3
+    T, K, stride_kh, stride_kt, stride_kk, stride_br, stride_bs,
+    BLOCK_T: tl.constexpr, K_POW2: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    num_tiles = tl.num_programs(0)
+    WIDTH: tl.constexpr = BLOCK_T * K_POW2
+
+    entry = tl.arange(0, WIDTH)
+    tile_token = entry // K_POW2
+    token = tile * BLOCK_T + tile_token
+    slot = entry % K_POW2
+    live = (token < T) & (slot < K)
+    block = tl.load(topk_ptr + kv_head * stride_kh + token.to(tl.int64) * stride_kt + slot * stride_kk,
+                    mask=live, other=-1)
+    req = tl.load(req_ptr + token, mask=live, other=0)
+    pos = tl.load(pos_ptr + token, mask=live, other=-1)
+    selected = (block >= 0) & (block * PAGE <= pos)  # a block starting after pos contributes nothing
+    page = tl.load(block_table_ptr + req.to(tl.int64) * stride_br + block * stride_bs, mask=selected, other=-1)
+
+    # same[i, j]: entries i and j name the same (page, block); the first of each class is kept.
+    same = (page[:, None] == page[None, :]) & (block[:, None] == block[None, :])
+    same = same & selected[:, None] & selected[None, :]
+    earlier = entry[None, :] < entry[:, None]
+    first = selected & (tl.max((same & earlier).to(tl.int32), axis=1) == 0)
+    rank = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    # members[i]: bit b set when token b of the tile selected entry i's (page, block).
+    by_token = tl.reshape(same.to(tl.int32), (WIDTH, BLOCK_T, K_POW2))
+    picked = tl.max(by_token, axis=2)  # [WIDTH, BLOCK_T]
+    members = tl.sum(picked << tl.arange(0, BLOCK_T)[None, :], axis=1)
+
+    base = (kv_head * num_tiles + tile).to(tl.int64) * WIDTH + rank
+    tl.store(plan_page_ptr + base, page, mask=first)
+    tl.store(plan_block_ptr + base, block, mask=first)
+    tl.store(plan_members_ptr + base, members, mask=first)
+    tl.store(plan_len_ptr + kv_head * num_tiles + tile, tl.sum(first.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _sparse_prefill_kernel(
+    q_ptr, out_ptr, cache_ptr, pos_ptr,  # [T, H, 128], [T, H, 128], uint8 cache, int32 [T]
+    plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,
+    k_scale, v_scale, sm_scale,
+    T, stride_qt, stride_qh, stride_ot, stride_oh,
+    HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_POW2: tl.constexpr, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+    K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr, USE_PTX: tl.constexpr,
+):
+    num_tiles = tl.num_programs(0)
+    tile = num_tiles - 1 - tl.program_id(0)  # deepest tokens (largest unions) first
+    kv_head = tl.program_id(1)
+    M: tl.constexpr = BLOCK_T * GROUP_POW2
+
+    rows = tl.arange(0, M)
+    row_token = rows // GROUP_POW2  # token of the tile each row belongs to
+    token = tile * BLOCK_T + row_token
+    head = kv_head * GROUP + rows % GROUP_POW2
+    live = (token < T) & (rows % GROUP_POW2 < GROUP)
+    dims = tl.arange(0, HEAD_DIM)
+    q_rows = q_ptr + token.to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_rows + dims[None, :], mask=live[:, None], other=0.0).to(tl.float16)
+    pos = tl.load(pos_ptr + token, mask=live, other=-1)
+    logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
+    out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
+
+    keys = tl.arange(0, PAGE)
+    m_i = tl.full((M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((M,), tl.float32)
+    acc = tl.zeros((M, HEAD_DIM), tl.float32)
+    plan = (kv_head * num_tiles + tile).to(tl.int64) * WIDTH
+    union_len = tl.load(plan_len_ptr + kv_head * num_tiles + tile)
+    for u in range(union_len):
+        page = tl.load(plan_page_ptr + plan + u).to(tl.int64)
+        block = tl.load(plan_block_ptr + plan + u)
+        members = tl.load(plan_members_ptr + plan + u)
+        page_base = page * (2 * HKV * BLOCK_WORDS)  # in 4-byte words
+        k = load_k_tile(cache_ptr, page_base + kv_head * BLOCK_WORDS, USE_PTX)
+        s = tl.dot(q, tl.trans(k))
+        row_selected = ((members >> row_token) & 1) != 0
+        key_pos = block * PAGE + keys
+        visible = row_selected[:, None] & (key_pos[None, :] <= pos[:, None])
+        s = tl.where(visible, s * logit_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        key_live = key_pos <= tl.max(tl.where(row_selected, pos, -1), axis=0)  # seen by some row
+        vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, key_live, USE_PTX)
+        acc = tl.dot(p.to(tl.float16), tl.trans(vt), acc * alpha[:, None])
+        m_i = m_new
+
+    norm = tl.where(l_i > 0, out_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)  # rows that saw no key write 0
+    out = acc * norm[:, None]
+    tl.store(out_ptr + token.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+
+
+def plan_tiles(topk, block_table, req, pos, tokens_per_tile: int):
+    """The planning pass alone: ``(union_len int32 [Hkv, tiles], plan int32 [3, Hkv, tiles, width])``,
+    the union entries' pages, blocks and member bitmasks (``width = tokens_per_tile * K_POW2``)."""
+    hkv, t, width_k = topk.shape
+    k_pow2 = triton.next_power_of_2(width_k)
+    num_tiles = triton.cdiv(t, tokens_per_tile)
+    union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=topk.device)
+    plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=topk.device)
+    _plan_tiles_kernel[(num_tiles, hkv)](
+        topk, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
+        t, width_k, *topk.stride(), *block_table.stride(),
+        BLOCK_T=tokens_per_tile, K_POW2=k_pow2, num_warps=4,
+    )
+    return union_len, plan
+
+
+def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out,
+                   config: PrefillConfig | None = None):
+    """Launch the plan and attention kernels; arguments as validated by the dispatcher.
+
+    ``q``, ``out``: ``[T, H, 128]`` with unit stride in the last dim; ``k_scale``/``v_scale``: a float
+    or a one-element fp32 tensor on ``q``'s device. Returns ``out``."""
+    t, h, _ = q.shape
+    hkv = cache.shape[1] // 2
+    group = h // hkv
+    if t == 0:
+        return out
+    cfg = config or default_prefill_config(group)
+    group_pow2 = triton.next_power_of_2(group)
+    if cfg.tokens_per_tile * group_pow2 < 16:
+        raise ValueError(f"tokens_per_tile={cfg.tokens_per_tile} gives {cfg.tokens_per_tile * group_pow2} rows "
+                         "per tile; tl.dot needs 16")
+    req, pos = req.contiguous(), pos.contiguous()
+    union_len, plan = plan_tiles(topk, block_table, req, pos, cfg.tokens_per_tile)
+    _sparse_prefill_kernel[(union_len.shape[1], hkv)](
+        q, out, cache, pos, union_len, plan[0], plan[1], plan[2],
+        k_scale, v_scale, float(sm_scale),
+        t, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        HKV=hkv, GROUP=group, GROUP_POW2=group_pow2, BLOCK_T=cfg.tokens_per_tile, WIDTH=plan.shape[3],
+        K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
+        USE_PTX=uses_ptx(q.device), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

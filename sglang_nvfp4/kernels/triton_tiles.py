@@ -1,0 +1,139 @@
+"""Decoding one page of the NVFP4 cache to fp16 tiles in registers (shared by the Triton kernels).
+
+The layout constants come from :mod:`sglang_nvfp4.format`.
+
+Values. An E2M1 code ``s e1 e0 m`` is rewritten as the E4M3 byte ``s << 7 | (e1 e0 m) << 2``, which is
+exactly ``e2m1 * 2**-6`` (code 1, the value 0.5, lands on an E4M3 subnormal), and converted to fp16
+(Hopper's ``cvt.rn.f16x2.e4m3x2`` converts two per instruction); the E4M3 block scale is converted
+the same way. Their fp16 product ``e2m1 * e4m3 * 2**-6`` is exact (a multiple of ``2**-17``, at most
+42 in magnitude), so a tile equals the reference's fp16 K or V divided by ``TILE_SCALE = 2**6``,
+which the kernels fold into their logit and output scales. No lookup table.
+
+Order. A row's 64 code bytes are read as 16 little-endian words of 8 codes (code ``i`` of a word
+in bits ``4i..4i+3``, the byte order of the layout), so codes come out in natural order: K tiles are
+``[keys, dims]`` as in the cache. V^T tile rows are dims in the order ``vt_tile_dim``: Triton lays a
+tile's rows out 16 apart in each thread, and this order puts those rows in one scale group, so a
+thread multiplies by the scales of one group instead of eight. Kernels store output dim ``c`` of
+``P.V`` to ``vt_tile_dim(c)``.
+
+Garbage. Keys that no row can see must not affect the output even when their scale bytes are E4M3
+NaN codes: their scores are masked to ``-inf`` and ``load_vt_tile`` zeroes their V scales.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import format as fmt
+
+PAGE = tl.constexpr(fmt.PAGE_SIZE)  # tokens per page
+HEAD_DIM = tl.constexpr(fmt.HEAD_DIM)
+ROW = tl.constexpr(fmt.ROW_BYTES)  # bytes per cache row
+CODE_BYTES = tl.constexpr(fmt.CODE_BYTES)
+CODE_WORDS = tl.constexpr(fmt.CODE_BYTES // 4)  # a row's codes as little-endian uint32 words
+ROW_WORDS = tl.constexpr(fmt.ROW_BYTES // 4)
+CODES_PER_WORD = tl.constexpr(8)
+SCALE_OFFSET = tl.constexpr(fmt.SCALE_OFFSET)
+NUM_GROUPS = tl.constexpr(fmt.NUM_GROUPS)
+SCALE_GROUP = tl.constexpr(fmt.SCALE_GROUP)
+V_SCALE_ROWS_PER_GROUP = tl.constexpr(fmt.V_SCALE_ROWS_PER_GROUP)
+V_SCALES_PER_ROW = tl.constexpr(fmt.PAGE_SIZE // fmt.V_SCALE_ROWS_PER_GROUP)  # 8 token scales per row
+BLOCK_BYTES = tl.constexpr(fmt.PAGE_SIZE * fmt.ROW_BYTES)  # one head's K (or V^T) block in a page
+BLOCK_WORDS = tl.constexpr(fmt.PAGE_SIZE * fmt.ROW_BYTES // 4)
+TILE_SCALE = tl.constexpr(64.0)  # decoded tiles hold value / TILE_SCALE (see the module docstring)
+LOG2E = tl.constexpr(1.4426950408889634)
+
+# One word in ($8), its 8 codes out in order as fp16 ($0..$7): planes of E4M3 bytes for the even
+# codes (e) and the odd codes (o), byte-interleaved back into code order, converted two at a time.
+_E2M1_WORD_PTX = tl.constexpr("""{
+.reg .b32 e, o, t, a, b, p0, p1, p2, p3;
+.reg .b16 h0, h1;
+shl.b32 t, $8, 2; and.b32 e, t, 0x1C1C1C1C; shl.b32 t, $8, 4; lop3.b32 e, e, t, 0x80808080, 0xF8;
+shr.b32 t, $8, 2; and.b32 o, t, 0x1C1C1C1C; lop3.b32 o, o, $8, 0x80808080, 0xF8;
+prmt.b32 a, e, o, 0x5140; prmt.b32 b, e, o, 0x7362;
+mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 p0, h0; cvt.rn.f16x2.e4m3x2 p1, h1;
+mov.b32 {h0, h1}, b; cvt.rn.f16x2.e4m3x2 p2, h0; cvt.rn.f16x2.e4m3x2 p3, h1;
+mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
+}""")
+
+
+def uses_ptx(device: torch.device) -> bool:
+    """Decode tiles with inline PTX (NVIDIA GPUs); the portable path serves ROCm and the interpreter."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
+@triton.jit
+def vt_tile_dim(row):
+    """Dim held by row ``row`` of a V^T tile: row ``16k + 2g + b`` holds dim ``16g + 8b + k`` (group g).
+
+    No two consecutive rows hold consecutive dims: with such pairs Triton 3.6 takes the rows to be
+    16-byte aligned (they are 8-byte aligned) and issues misaligned 16-byte copies."""
+    return (row % 16) // 2 * SCALE_GROUP + (row % 2) * 8 + row // 16
+
+
+@triton.jit
+def global_scale(scale, BY_POINTER: tl.constexpr):
+    """A layer's fp32 global scale: read through a pointer (a one-element device tensor, CUDA-graph
+    safe) or passed by value (a Python float)."""
+    if BY_POINTER:
+        value = tl.load(scale)
+    else:
+        value = scale
+    return value
+
+
+@triton.jit
+def e2m1_words_to_fp16(words, USE_PTX: tl.constexpr):
+    """uint32 ``[R, 16]`` code words -> fp16 ``[R, 128]`` holding ``e2m1 * 2**-6``, in code order.
+
+    ``USE_PTX``: decode with inline PTX (CUDA). Otherwise portable Triton: the fp16 bits
+    ``s << 15 | (e1 e0 m) << 9`` are exactly ``e2m1 * 2**-14``, scaled by ``2**8``."""
+    if USE_PTX:
+        c0, c1, c2, c3, c4, c5, c6, c7 = tl.inline_asm_elementwise(
+            _E2M1_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+        # [R, 16, 2, 2, 2] with code 4a + 2b + c at [a, b, c]
+        codes = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    else:
+        shift = tl.arange(0, CODES_PER_WORD) * 4
+        code = (words[:, :, None] >> shift[None, None, :]) & 0xF  # [R, 16, 8]
+        bits = ((code & 0x7) << 9) | ((code & 0x8) << 12)
+        codes = bits.to(tl.uint16).to(tl.float16, bitcast=True) * 256.0
+    return tl.reshape(codes, (words.shape[0], CODES_PER_WORD * CODE_WORDS))
+
+
+@triton.jit
+def e4m3_to_fp16(scales):
+    """E4M3 bytes (uint8 tensor) -> fp16, exactly (NaN codes stay NaN on CUDA)."""
+    return scales.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def load_k_tile(cache_ptr, k_block, USE_PTX: tl.constexpr):
+    """K of one page and KV head -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE. ``cache_ptr``: the
+    uint8 cache; ``k_block``: the block's offset in 4-byte words (int64)."""
+    key = tl.arange(0, PAGE)[:, None]
+    words = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + k_block + key * ROW_WORDS + tl.arange(0, CODE_WORDS)[None, :])
+    scale_bytes = cache_ptr + 4 * k_block + key * ROW + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :]
+    scales = e4m3_to_fp16(tl.load(scale_bytes))  # [keys, groups]
+    vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (PAGE, NUM_GROUPS, SCALE_GROUP))
+    return tl.reshape(vals * scales[:, :, None], (PAGE, HEAD_DIM))
+
+
+@triton.jit
+def load_vt_tile(cache_ptr, v_block, key_live, USE_PTX: tl.constexpr):
+    """V^T of one page and KV head -> fp16 ``[128 dims (vt_tile_dim order), 128 keys]`` / TILE_SCALE;
+    keys where ``key_live [128]`` is false read as 0. ``v_block``: the block's offset in 4-byte words."""
+    dims = vt_tile_dim(tl.arange(0, HEAD_DIM))[:, None]
+    words = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + v_block + dims * ROW_WORDS + tl.arange(0, CODE_WORDS)[None, :])
+    # The scale of token t, group g sits at row V_SCALE_ROWS_PER_GROUP * g + t // 8, byte SCALE_OFFSET + t % 8:
+    # the 8 bytes after the codes of a row hold the scales of 8 consecutive tokens.
+    group = tl.arange(0, NUM_GROUPS)[:, None]
+    token = tl.arange(0, PAGE)[None, :]
+    scale_rows = cache_ptr + 4 * v_block + (group * V_SCALE_ROWS_PER_GROUP + token // V_SCALES_PER_ROW) * ROW
+    scales = e4m3_to_fp16(tl.load(scale_rows + SCALE_OFFSET + token % V_SCALES_PER_ROW))  # [groups, keys]
+    scales = tl.where(key_live[None, :], scales, 0.0)
+    # Tile row 16k + 2g + b holds a dim of group g.
+    vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (HEAD_DIM // 16, NUM_GROUPS, 2, PAGE))
+    return tl.reshape(vals * scales[None, :, None, :], (HEAD_DIM, PAGE))

@@ -1,0 +1,166 @@
+"""Triton cache write: quantize ``k, v [N, Hkv, 128]`` to NVFP4 and scatter them to their slots,
+bit for bit as :func:`sglang_nvfp4.format.write_kv` (for inputs without NaN).
+
+Exactness: every fp32 step is the reference's, with correctly rounded divisions (``div_rn``; a plain
+``/`` is approximate on CUDA); E4M3 rounding is done on the integer mantissa (round half to even),
+and E2M1 by the reference's own thresholds, read from :mod:`sglang_nvfp4.format`.
+
+A V byte holds two tokens (even token low nibble, odd token high nibble), so tokens are written in
+two launches, even rows then odd rows: inside a launch no two programs touch the same byte, and the
+read-modify-write of a byte keeps the neighbour's nibble. Negative slots are skipped (padding).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import format as fmt
+from .triton_tiles import (
+    BLOCK_BYTES,
+    CODE_BYTES,
+    HEAD_DIM,
+    NUM_GROUPS,
+    PAGE,
+    ROW,
+    SCALE_GROUP,
+    SCALE_OFFSET,
+    V_SCALE_ROWS_PER_GROUP,
+    V_SCALES_PER_ROW,
+    global_scale,
+)
+
+E2M1_MAX = tl.constexpr(fmt.E2M1_MAX)
+E4M3_MAX = tl.constexpr(fmt.E4M3_MAX)
+# E2M1 rounding: threshold between consecutive magnitudes and whether a tie rounds up (to the even code).
+(_T0, _U0), (_T1, _U1), (_T2, _U2), (_T3, _U3), (_T4, _U4), (_T5, _U5), (_T6, _U6) = (
+    (tl.constexpr(t), tl.constexpr(up)) for t, up in fmt._E2M1_THRESHOLDS
+)
+TOKENS_PER_PROGRAM = 16
+
+
+@triton.jit
+def _past(a, THRESHOLD: tl.constexpr, TIE_UP: tl.constexpr):
+    """1 where ``a`` rounds above ``THRESHOLD`` (ties included when ``TIE_UP``), as int32."""
+    if TIE_UP:
+        above = a >= THRESHOLD
+    else:
+        above = a > THRESHOLD
+    return above.to(tl.int32)
+
+
+@triton.jit
+def e2m1_encode(x):
+    """fp32 -> E2M1 code (int32 0..15): round to nearest, ties to even, saturating at +-6."""
+    a = tl.abs(x)
+    mag = (_past(a, _T0, _U0) + _past(a, _T1, _U1) + _past(a, _T2, _U2) + _past(a, _T3, _U3)
+           + _past(a, _T4, _U4) + _past(a, _T5, _U5) + _past(a, _T6, _U6))
+    sign = (x.to(tl.int32, bitcast=True) >> 28) & 0x8
+    return mag | sign
+
+
+@triton.jit
+def e4m3_encode(x):
+    """fp32 -> OCP E4M3FN code (int32 0..255): round to nearest even on the integer mantissa,
+    saturating at +-448, ``0x7F | sign`` for NaN."""
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+    a = tl.minimum(tl.abs(x), E4M3_MAX)
+    bits = a.to(tl.int32, bitcast=True)
+    exp = (bits >> 23) - 127
+    mant = (bits & 0x7FFFFF) | 0x800000
+    e = tl.maximum(exp, -6)  # E4M3 subnormals share 2**-6's quantum 2**-9
+    shift = tl.minimum(20 + e - exp, 31)  # keep 3 fraction bits at exponent e
+    n = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    n += ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(tl.int32)
+    code = (e + 6) * 8 + n  # n == 16 carries into the exponent
+    code = tl.where(x != x, 0x7F, code)
+    return code | sign
+
+
+@triton.jit
+def e4m3_decode(code):
+    """E4M3 code (int32, non-NaN) -> fp32, exactly."""
+    exp = (code >> 3) & 0xF
+    man = code & 0x7
+    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    mag = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)  # subnormal: man * 2**-9
+    return tl.where((code & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def quantize_rows(x, gs):
+    """fp32 ``[R, 128]`` -> (E2M1 codes int32 ``[R, 128]``, E4M3 scale codes int32 ``[R, 8]``)."""
+    groups = tl.reshape(x, (x.shape[0], NUM_GROUPS, SCALE_GROUP))
+    amax = tl.max(tl.abs(groups), axis=2)
+    scale = e4m3_encode(tl.math.div_rn(tl.math.div_rn(amax, E2M1_MAX), gs))
+    denom = e4m3_decode(scale) * gs
+    safe = tl.where(denom == 0, 1.0, denom)
+    codes = e2m1_encode(tl.math.div_rn(groups, safe[:, :, None]))
+    codes = tl.where(denom[:, :, None] == 0, 0, codes)  # an all-zero group: scale 0, codes 0
+    return tl.reshape(codes, (x.shape[0], HEAD_DIM)), scale
+
+
+@triton.jit
+def _write_kv_kernel(
+    cache_ptr, slots_ptr, k_ptr, v_ptr, k_scale, v_scale,
+    N, stride_kn, stride_kh, stride_vn, stride_vh,
+    HKV: tl.constexpr, PARITY: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr,
+):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kv_head = tl.program_id(1)
+    slot = tl.load(slots_ptr + n, mask=n < N, other=-1).to(tl.int64)
+    active = (slot >= 0) & (slot % 2 == PARITY)
+    page = slot // PAGE
+    row = slot % PAGE
+    k_block = page * (2 * HKV * BLOCK_BYTES) + kv_head * BLOCK_BYTES
+    v_block = page * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
+    dims = tl.arange(0, HEAD_DIM)
+    n64 = n.to(tl.int64)
+
+    # K: row `row` of the head's K block, codes then scales.
+    x = tl.load(k_ptr + n64[:, None] * stride_kn + kv_head * stride_kh + dims[None, :], mask=active[:, None],
+                other=0.0).to(tl.float32)
+    codes, scales = quantize_rows(x, global_scale(k_scale, K_SCALE_BY_POINTER))
+    even, odd = tl.split(tl.reshape(codes, (BLOCK_N, CODE_BYTES, 2)))
+    k_row = cache_ptr + k_block[:, None] + row[:, None] * ROW
+    tl.store(k_row + tl.arange(0, CODE_BYTES)[None, :], (even | (odd << 4)).to(tl.uint8), mask=active[:, None])
+    tl.store(k_row + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :], scales.to(tl.uint8), mask=active[:, None])
+
+    # V^T: dim d of the token is a nibble of byte row // 2 in row d; the token's scale of group g is
+    # byte SCALE_OFFSET + row % 8 of row V_SCALE_ROWS_PER_GROUP * g + row // 8.
+    x = tl.load(v_ptr + n64[:, None] * stride_vn + kv_head * stride_vh + dims[None, :], mask=active[:, None],
+                other=0.0).to(tl.float32)
+    codes, scales = quantize_rows(x, global_scale(v_scale, V_SCALE_BY_POINTER))
+    byte_ptr = cache_ptr + v_block[:, None] + dims[None, :] * ROW + (row // 2)[:, None]
+    old = tl.load(byte_ptr, mask=active[:, None], other=0).to(tl.int32)
+    new = (old & (0xF0 >> (4 * PARITY))) | (codes << (4 * PARITY))
+    tl.store(byte_ptr, new.to(tl.uint8), mask=active[:, None])
+    groups = tl.arange(0, NUM_GROUPS)[None, :]
+    scale_ptr = (cache_ptr + v_block[:, None] + (groups * V_SCALE_ROWS_PER_GROUP + (row // V_SCALES_PER_ROW)[:, None]) * ROW
+                 + SCALE_OFFSET + (row % V_SCALES_PER_ROW)[:, None])
+    tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
+
+
+def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
+    """Launch the two parity passes; arguments as validated by the dispatcher.
+
+    ``slots [N]`` int32/int64 distinct (negative: skipped); ``k, v [N, Hkv, 128]`` with unit stride in
+    the last dim; scales: floats or one-element fp32 tensors on the cache's device."""
+    n = slots.shape[0]
+    if n == 0:
+        return
+    hkv = cache.shape[1] // 2
+    grid = (triton.cdiv(n, TOKENS_PER_PROGRAM), hkv)
+    slots = slots.contiguous()
+    for parity in (0, 1):
+        _write_kv_kernel[grid](
+            cache, slots, k, v, k_scale, v_scale,
+            n, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            HKV=hkv, PARITY=parity, BLOCK_N=TOKENS_PER_PROGRAM,
+            K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
+            num_warps=4,
+        )

@@ -1,0 +1,138 @@
+"""The dispatcher's GPU kernels at realistic shapes against the reference (run on the same GPU).
+
+The CPU twin of this module is test_triton_kernels.py (the same kernels in Triton's interpreter, at
+small shapes); here the NVIDIA path decodes tiles with inline PTX. Prefill outputs are compared on
+a sample of tokens (the reference is per token), outputs are poisoned with NaN before each launch.
+"""
+
+import pytest
+import torch
+
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4 import kernels
+from sglang_nvfp4.reference import sparse_prefill_reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")]
+
+DEV = "cuda"
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def filled_cache(seq_lens, hkv, gen, k_scale=0.5, v_scale=2.0):
+    """Requests of ``seq_lens`` tokens on shuffled pages, written with the Triton write kernel over
+    random garbage; returns ``(cache, block_table)``."""
+    blocks = [-(-n // fmt.PAGE_SIZE) for n in seq_lens]
+    num_pages = sum(blocks) + 2
+    cache = fmt.alloc_cache(num_pages, hkv, device=DEV).random_(0, 256, generator=gen)
+    perm = torch.randperm(num_pages, device=DEV, generator=gen).int()
+    block_table = torch.full((len(seq_lens), max(blocks)), -1, dtype=torch.int32, device=DEV)
+    used = 0
+    for r, n in enumerate(seq_lens):
+        block_table[r, : blocks[r]] = perm[used : used + blocks[r]]
+        used += blocks[r]
+        tokens = torch.arange(n, device=DEV)
+        slots = block_table[r].long()[tokens // fmt.PAGE_SIZE] * fmt.PAGE_SIZE + tokens % fmt.PAGE_SIZE
+        chan = torch.exp(torch.randn(hkv, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.5)
+        k = (torch.randn(n, hkv, fmt.HEAD_DIM, device=DEV, generator=gen) * chan * k_scale).bfloat16()
+        v = (torch.randn(n, hkv, fmt.HEAD_DIM, device=DEV, generator=gen) * v_scale).bfloat16()
+        kernels.write_kv(cache, slots, k, v, k_scale, v_scale)
+    return cache, block_table
+
+
+def random_selection(pos, last_block, hkv, width, gen, later=0.05, missing=0.1, duplicate=0.05):
+    """Per KV head and token: the own block and random earlier ones, plus some later blocks up to
+    the request's ``last_block`` (no effect), -1 slots and repeated ids. ``pos``, ``last_block`` [T]."""
+    t = pos.shape[0]
+    own = (pos.long() // fmt.PAGE_SIZE)[None, :, None]  # [1, T, 1]
+    ids = (torch.rand(hkv, t, width, device=DEV, generator=gen) * (own + 1)).long()
+    ids[:, :, 0] = own[:, :, 0]
+    roll = torch.rand(hkv, t, width, device=DEV, generator=gen)
+    ids = torch.where(roll < later, torch.minimum(own + 1 + ids, last_block.long()[None, :, None]), ids)
+    ids = torch.where((roll > 1 - duplicate), ids[:, :, :1], ids)
+    ids = torch.where((roll > later) & (roll < later + missing), -1, ids)
+    return ids.int().contiguous()
+
+
+@pytest.mark.parametrize("t, heads, kv_heads", [(4096, 64, 4), (32768, 64, 4), (8192, 16, 1), (4096, 32, 4)])
+def test_prefill_realistic(t, heads, kv_heads):
+    gen = torch.Generator(device=DEV).manual_seed(t + heads)
+    cache, block_table = filled_cache([t + 300, 700], kv_heads, gen)
+    # The last t tokens of request 0 (a chunk that starts mid-page) and all of request 1.
+    pos = torch.cat([torch.arange(300, t + 300), torch.arange(700)]).int().to(DEV)
+    req = torch.cat([torch.zeros(t), torch.ones(700)]).int().to(DEV)
+    last_block = torch.where(req == 0, (t + 299) // fmt.PAGE_SIZE, 699 // fmt.PAGE_SIZE)
+    topk = random_selection(pos, last_block, kv_heads, fmt.TOPK, gen)
+    q = (torch.randn(t + 700, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    out = torch.full_like(q, float("nan"))
+    kernels.sparse_prefill(q, cache, topk, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out=out)
+    assert not out.isnan().any()
+    sample = torch.randperm(q.shape[0], device=DEV, generator=gen)[:512]
+    want = sparse_prefill_reference(q[sample], cache, topk[:, sample].contiguous(), block_table, req[sample],
+                                     pos[sample], 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    assert rel_err(out[sample], want) < 6e-3  # bf16 output rounding dominates
+
+
+@pytest.mark.parametrize("batch, ctx", [(256, 32768), (3, 9000), (1, 131072)])
+def test_decode_realistic(batch, ctx):
+    heads, kv_heads = 64, 4
+    gen = torch.Generator(device=DEV).manual_seed(batch)
+    lens = [ctx - 37 * r for r in range(batch)]
+    cache, block_table = filled_cache(lens, kv_heads, gen)
+    pos = torch.tensor(lens, device=DEV).int() - 1
+    req = torch.arange(batch, device=DEV).int()
+    topk = random_selection(pos, pos // fmt.PAGE_SIZE, kv_heads, fmt.TOPK, gen)
+    k_scale, v_scale = torch.tensor(0.5, device=DEV), torch.tensor([2.0], device=DEV)
+    q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    out = torch.full_like(q, float("nan"))
+    kernels.sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5, out=out)
+    want = sparse_prefill_reference(q, cache, topk, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5)
+    assert not out.isnan().any()
+    assert rel_err(out, want) < 6e-3
+
+
+def test_write_kv_bit_identical_on_gpu():
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    cache = fmt.alloc_cache(96, 4, device=DEV).random_(0, 256, generator=gen)
+    want = cache.cpu()
+    others = torch.randperm(96 * 128, device=DEV, generator=gen)
+    others = others[(others < 1000) | (others >= 1064)]
+    slots = torch.cat([torch.arange(1000, 1064, device=DEV), others[:4936]])  # neighbour pairs in one call
+    k = torch.randn(5000, 4, 128, device=DEV, generator=gen) * torch.exp(torch.randn(5000, 4, 128, device=DEV, generator=gen) * 3)
+    v = torch.randn(5000, 4, 128, device=DEV, generator=gen).bfloat16()
+    k_scale = torch.tensor([0.037], device=DEV)
+    kernels.write_kv(cache, slots, k, v, k_scale, 3.0)
+    fmt.write_kv(want, slots.cpu(), k.cpu(), v.cpu(), 0.037, 3.0)
+    assert torch.equal(cache.cpu(), want)
+
+
+def test_kernels_replay_in_a_cuda_graph():
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    cache, block_table = filled_cache([5000, 3000], 4, gen)
+    pos = torch.tensor([4999, 2999], device=DEV).int()
+    req = torch.tensor([0, 1], device=DEV).int()
+    topk = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
+    q = (torch.randn(2, 64, 128, device=DEV, generator=gen) * 0.3).half()
+    k_new, v_new = torch.randn(2, 2, 4, 128, device=DEV, generator=gen)
+    slots = torch.tensor([block_table[0, 39] * 128 + 8, block_table[1, 23] * 128 + 56], device=DEV)
+    scales = torch.tensor([0.5], device=DEV), torch.tensor([2.0], device=DEV)
+    outs = torch.empty(2, *q.shape, dtype=q.dtype, device=DEV)
+
+    def step():
+        kernels.write_kv(cache, slots, k_new, v_new, *scales)
+        kernels.sparse_decode(q, cache, topk, block_table, req, pos, *scales, 0.1, out=outs[0])
+        kernels.sparse_prefill(q, cache, topk, block_table, req, pos, *scales, 0.1, out=outs[1])
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    eager = outs.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    outs.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs, eager)
+    assert rel_err(outs[0], outs[1]) < 1e-3  # decode and prefill kernels agree

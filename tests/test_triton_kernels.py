@@ -1,0 +1,232 @@
+"""The Triton kernels on CPU, run by Triton's interpreter, against the reference and format.write_kv.
+
+The interpreter is chosen when a jit function is defined, Triton's own standard library included, so
+this module re-runs itself in a subprocess with ``TRITON_INTERPRET=1`` set before anything imports
+triton (the parent may already have imported it, through SGLang for instance); the dispatcher is
+forced to Triton with ``NVFP4_SPARSE_KERNEL``. Shapes are small: the interpreter costs milliseconds per
+page visit. Interpreted kernels take the portable decode path; the PTX path is covered by
+test_kernels_gpu.py. The dispatcher's device logic needs no kernels and is tested in this process.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from problems import make_problem, random_topk
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4 import kernels
+from sglang_nvfp4.reference import sparse_prefill_reference
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETED_TESTS = 18  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def poisoned(q):
+    return torch.full_like(q, float("nan"))
+
+
+def share_first_page(p):
+    """Request 1 reuses request 0's first page for its block 0 (a shared prefix page)."""
+    p.block_table[1, 0] = p.block_table[0, 0]
+    return p
+
+
+def args_of(p, topk):
+    return (p.q, p.cache, topk, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
+
+
+if INTERPRETED:
+    from sglang_nvfp4.kernels import triton_decode, triton_prefill
+
+    @pytest.fixture
+    def forced_triton(monkeypatch):
+        monkeypatch.setenv(kernels.FORCE_ENV, "triton")
+
+    # Three requests (one sharing a page with another), partial last pages, chunk starts not page
+    # aligned, tiles spanning requests; random_topk adds -1 slots, duplicates and later blocks.
+    PREFILL_CASES = [
+        # heads, kv_heads, tokens per tile, q dtype
+        (16, 1, 1, torch.bfloat16),
+        (16, 2, 4, torch.float16),
+        (32, 2, 8, torch.float32),
+        (16, 2, 2, torch.bfloat16),  # GQA 8
+        (8, 1, 8, torch.float16),  # GQA 8
+    ]
+
+    @pytest.mark.parametrize("heads, kv_heads, tokens_per_tile, dtype", PREFILL_CASES)
+    def test_prefill_matches_reference(heads, kv_heads, tokens_per_tile, dtype):
+        p = share_first_page(make_problem(40 + heads + tokens_per_tile, [700, 390, 129], [21, 14, 6], num_heads=heads,
+                                          num_kv_heads=kv_heads, k_scale=0.5, v_scale=2.0, dtype=dtype))
+        topk = random_topk(p, seed=tokens_per_tile, dup_prob=0.3)
+        topk[:, 3] = -1  # a token that selected nothing
+        want = sparse_prefill_reference(*args_of(p, topk))
+        out = poisoned(p.q)
+        triton_prefill.sparse_prefill(*args_of(p, topk), out, config=triton_prefill.PrefillConfig(tokens_per_tile, 4, 1))
+        assert not out.isnan().any()
+        assert torch.all(out[3] == 0)
+        tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
+        assert rel_err(out, want) < tolerance
+
+    @pytest.mark.parametrize("heads, kv_heads, splits", [(16, 2, 1), (16, 1, 4), (16, 2, 16), (8, 1, 2)])
+    def test_decode_matches_reference(heads, kv_heads, splits):
+        p = share_first_page(make_problem(60 + splits, [900, 1300, 129, 257, 40], [1] * 5, num_heads=heads,
+                                          num_kv_heads=kv_heads, k_scale=2.0, v_scale=0.25, dtype=torch.float32))
+        topk = random_topk(p, seed=splits, dup_prob=0.5)
+        topk[:, 4] = -1
+        want = sparse_prefill_reference(*args_of(p, topk))
+        out = poisoned(p.q)
+        triton_decode.sparse_decode(*args_of(p, topk), out, splits=splits)
+        assert not out.isnan().any()
+        assert torch.all(out[4] == 0)
+        assert rel_err(out, want) < 3e-4
+
+    def test_dispatcher_serves_triton_with_tensor_scales_and_strided_q(forced_triton):
+        p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,
+                         dtype=torch.float16)
+        topk = random_topk(p, seed=7)
+        want = sparse_prefill_reference(*args_of(p, topk))
+        wide = torch.randn(p.q.shape[0], 16, 256, dtype=p.q.dtype)
+        wide[..., :128] = p.q  # q as a strided view, as when sliced out of a fused qkv tensor
+        q = wide[..., :128]
+        scales = torch.tensor([p.k_scale]), torch.tensor(p.v_scale, dtype=torch.float64)
+        for fn in (kernels.sparse_prefill, kernels.sparse_decode):
+            out = poisoned(p.q)
+            assert fn(q, p.cache, topk, p.block_table, p.req, p.pos, *scales, p.sm_scale, out=out) is out
+            assert rel_err(out, want) < 1e-3
+        assert kernels.backend_name("cpu") == "triton"
+
+    @pytest.mark.parametrize("width", [5, 20])
+    def test_any_topk_width(forced_triton, width):
+        p = make_problem(71, [1200], [10], num_heads=16, num_kv_heads=1, dtype=torch.float32)
+        topk = random_topk(p, seed=width, width=width)
+        want = sparse_prefill_reference(*args_of(p, topk))
+        assert rel_err(kernels.sparse_prefill(*args_of(p, topk)), want) < 2e-4
+        assert rel_err(kernels.sparse_decode(*args_of(p, topk)), want) < 2e-4
+
+    def test_keys_nobody_sees_may_hold_nan_codes(forced_triton):
+        p = make_problem(72, [300, 200], [14, 7], num_heads=16, num_kv_heads=2, dtype=torch.float32)
+        topk = random_topk(p, seed=4)
+        base = kernels.sparse_prefill(*args_of(p, topk))
+        # NaN-coded scales and codes in the unwritten tail of each request's last page
+        for r, n in enumerate(p.seq_lens):
+            page, tail = int(p.block_table[r, (n - 1) // 128]), n % 128
+            p.cache[page, :2, tail:, :] = 0x7F  # K rows of unwritten tokens
+            token_of_scale = torch.arange(128)[:, None] % 16 * 8 + torch.arange(8)[None, :]
+            p.cache[page, 2:, :, 64:] = torch.where(token_of_scale >= tail, 0x7F, p.cache[page, 2:, :, 64:]).to(torch.uint8)
+        for fn in (kernels.sparse_prefill, kernels.sparse_decode):
+            out = fn(*args_of(p, topk))
+            assert torch.isfinite(out).all()
+            assert rel_err(out, base) < 2e-4
+
+    def test_tokens_without_keys_write_zero(forced_triton):
+        p = make_problem(73, [600], [24], num_heads=16, num_kv_heads=1, dtype=torch.float32)
+        p.pos = torch.arange(100, 124, dtype=torch.int32)  # an earlier chunk of the request: block 0
+        topk = torch.full((1, 24, 16), -1, dtype=torch.int32)
+        topk[0, ::2, 0] = 3  # a later block: nothing visible
+        for fn in (kernels.sparse_prefill, kernels.sparse_decode):
+            assert torch.equal(fn(*args_of(p, topk), out=poisoned(p.q)), torch.zeros_like(p.q))
+
+    def _write_inputs(seed, n, hkv, dtype):
+        gen = torch.Generator().manual_seed(seed)
+        k, v = torch.randn(2, n, hkv, 128, generator=gen)
+        k = k * torch.exp(torch.randn(n, hkv, 128, generator=gen) * 3)  # saturated and subnormal scales
+        k[0, 0, :16] = 0  # an all-zero group
+        k[1, 0, 5] = float("inf")
+        v[2, 0, 3] = -float("inf")
+        v[3, 0, :16] = 1e-30  # underflows to scale 0
+        return k.to(dtype), v.to(dtype)
+
+    @pytest.mark.parametrize("hkv, dtype, k_scale, v_scale", [
+        (2, torch.float32, 0.5, 2.0),
+        (1, torch.bfloat16, 1.0, torch.tensor(1.0)),
+        (4, torch.float16, torch.tensor([3e-3]), 17.0),
+    ])
+    def test_write_kv_is_bit_identical(forced_triton, hkv, dtype, k_scale, v_scale):
+        gen = torch.Generator().manual_seed(hkv)
+        cache = fmt.alloc_cache(4, hkv).random_(0, 256, generator=gen)
+        want = cache.clone()
+        n = 90
+        # neighbour pairs (both tokens of a V byte in one call) and lone tokens whose neighbour's nibble must survive
+        pairs = torch.arange(130, 140)
+        others = torch.randperm(512, generator=gen)
+        slots = torch.cat([pairs, others[(others < 130) | (others >= 140)][: n - len(pairs)]])
+        k, v = _write_inputs(hkv, n, hkv, dtype)
+        kernels.write_kv(cache, slots, k, v, k_scale, v_scale)
+        fmt.write_kv(want, slots, k, v, k_scale, v_scale)
+        assert torch.equal(cache, want)
+
+    def test_write_kv_skips_negative_slots(forced_triton):
+        cache = fmt.alloc_cache(2, 1).random_(0, 256, generator=torch.Generator().manual_seed(5))
+        want = cache.clone()
+        k, v = _write_inputs(5, 6, 1, torch.float32)
+        slots = torch.tensor([3, -1, 200, -1, 17, 18])
+        keep = slots >= 0
+        kernels.write_kv(cache, slots, k, v, 1.0, 1.0)
+        fmt.write_kv(want, slots[keep], k[keep], v[keep], 1.0, 1.0)
+        assert torch.equal(cache, want)
+
+else:
+
+    @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
+    def test_kernels_under_the_triton_interpreter():
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                              cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+        summary = proc.stdout.strip().splitlines()[-1]
+        assert re.match(rf"{INTERPRETED_TESTS} passed in ", summary), proc.stdout[-3000:]
+
+    @pytest.mark.parametrize("field, bad", [
+        ("slots", lambda s, k, v: (s.float(), k, v)),
+        ("k", lambda s, k, v: (s, k[:, :, :64], v)),
+        ("v", lambda s, k, v: (s, k, v.int())),
+    ])
+    def test_write_kv_validates_arguments(monkeypatch, field, bad):
+        monkeypatch.setenv(kernels.FORCE_ENV, "triton")  # validated before any kernel is imported
+        cache = fmt.alloc_cache(2, 1)
+        slots, k, v = bad(torch.arange(4), torch.randn(4, 1, 128), torch.randn(4, 1, 128))
+        with pytest.raises(ValueError, match=field):
+            kernels.write_kv(cache, slots, k, v, 1.0, 1.0)
+
+    def test_backend_names(monkeypatch):
+        monkeypatch.delenv(kernels.FORCE_ENV, raising=False)
+        assert kernels.backend_name("cpu") == "reference"
+        monkeypatch.setattr(torch.version, "hip", None)
+        assert kernels.backend_name("cuda:0") == "triton"
+        monkeypatch.setenv(kernels.FORCE_ENV, "reference")
+        assert kernels.backend_name("cuda:0") == "reference"
+        monkeypatch.setenv(kernels.FORCE_ENV, "cuda")
+        with pytest.raises(ValueError, match=kernels.FORCE_ENV):
+            kernels.backend_name("cpu")
+
+    @pytest.mark.parametrize("arch, importable, available, want", [
+        ("gfx950:sramecc+:xnack-", True, True, "flydsl"),
+        ("gfx950:sramecc+:xnack-", True, False, "triton"),
+        ("gfx950:sramecc+:xnack-", False, True, "triton"),
+        ("gfx942:sramecc+:xnack-", True, True, "triton"),
+    ])
+    def test_rocm_picks_flydsl_on_gfx950_when_available(monkeypatch, arch, importable, available, want):
+        monkeypatch.delenv(kernels.FORCE_ENV, raising=False)
+        monkeypatch.setattr(torch.version, "hip", "6.4")
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(gcnArchName=arch))
+        fake = types.ModuleType("sglang_nvfp4.kernels.flydsl")
+        fake.is_available = lambda device: available
+        monkeypatch.setitem(sys.modules, "sglang_nvfp4.kernels.flydsl", fake if importable else None)
+        monkeypatch.delattr(kernels, "flydsl", raising=False)
+        kernels._flydsl_serves.cache_clear()
+        try:
+            assert kernels.backend_name("cuda:0") == want
+        finally:
+            kernels._flydsl_serves.cache_clear()
