@@ -1,58 +1,53 @@
-"""The README's main job (until the SGLang server lands): the reference on a small random problem.
+"""The README's main job: serve a tiny model with ``--attention-backend nvfp4_sparse`` and query it.
 
-Writes two requests' K/V into an NVFP4 cache on shuffled pages, runs sparse attention with the
-kernel contract's numerics and in float64, and prints a summary. ``python -m sglang_nvfp4.demo``
+Generates a tiny random-weight model locally, starts ``sglang.launch_server`` on 127.0.0.1 (the
+torch reference kernels on CPU, Triton on a GPU), sends one long prompt (more 128-token blocks than
+the 16 each token attends) and two prompts sharing a prefix, prints the outputs, the radix-cache hits
+and the KV capacity against a bf16 cache of the same size, then stops the server.
+
+``python -m sglang_nvfp4.demo [--workdir DIR]``
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import random
+import re
+import tempfile
 import time
 
-import torch
+from .local_server import LocalServer
+from .tiny_model import make_tiny_model
 
-from . import format as fmt
-from .reference import sparse_prefill_reference
+WORDS = "the of and to in is was for on that with as by at from page block key value cache sparse attention".split()
 
 
-def main(seq_lens=(3000, 1700), heads=16, kv_heads=1, seed=0) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    blocks = [-(-n // fmt.PAGE_SIZE) for n in seq_lens]
-    perm = torch.randperm(sum(blocks), generator=gen).int()
-    block_table = torch.full((len(seq_lens), max(blocks)), -1, dtype=torch.int32)
-    cache = fmt.alloc_cache(sum(blocks), kv_heads)
-    start = 0
-    for r, n in enumerate(seq_lens):
-        block_table[r, : blocks[r]] = perm[start : start + blocks[r]]
-        start += blocks[r]
-        slots = block_table[r].long()[torch.arange(n) // fmt.PAGE_SIZE] * fmt.PAGE_SIZE + torch.arange(n) % fmt.PAGE_SIZE
-        k, v = torch.randn(2, n, kv_heads, fmt.HEAD_DIM, generator=gen)
-        fmt.write_kv(cache, slots, k, v, 1.0, 1.0)
-
-    req = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(seq_lens)])
-    pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in seq_lens])
-    q = torch.randn(len(req), heads, fmt.HEAD_DIM, generator=gen).bfloat16()
-    # Selection: own block, first block, and random earlier blocks up to TOPK.
-    own = pos.long() // fmt.PAGE_SIZE
-    scores = torch.rand(kv_heads, len(req), max(blocks), generator=gen)
-    scores = scores.masked_fill(torch.arange(max(blocks)) > own[:, None], -1.0)
-    scores[:, torch.arange(len(req)), own] = 2.0
-    scores[:, :, 0] = torch.where(scores[:, :, 0] >= 0, 1.5, scores[:, :, 0])
-    val, idx = scores.topk(min(fmt.TOPK, max(blocks)), dim=-1)
-    topk = torch.where(val >= 0, idx, -1).int()
-
-    t0 = time.perf_counter()
-    out = sparse_prefill_reference(q, cache, topk, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
-    elapsed = time.perf_counter() - t0
-    ideal = sparse_prefill_reference(q, cache, topk, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5, mode="ideal")
-    err = ((out.double() - ideal).norm() / ideal.norm()).item()
-    selected = (topk >= 0).sum(-1).float().mean().item()
-    print(f"tokens {len(req)} in {len(seq_lens)} requests, {heads} query / {kv_heads} KV heads, head_dim {fmt.HEAD_DIM}")
-    print(f"cache: {tuple(cache.shape)} uint8 = {cache.numel() / 2**20:.2f} MiB "
-          f"({fmt.BYTES_PER_TOKEN_PER_HEAD} B per token per KV head vs {fmt.BF16_BYTES_PER_TOKEN_PER_HEAD} B in bf16: "
-          f"{fmt.BF16_BYTES_PER_TOKEN_PER_HEAD / fmt.BYTES_PER_TOKEN_PER_HEAD:.2f}x the tokens)")
-    print(f"blocks selected per token and KV head: {selected:.1f} of up to {fmt.TOPK}")
-    print(f"reference sparse prefill: {elapsed * 1e3:.0f} ms on {out.device}; "
-          f"kernel numerics vs float64: relative error {err:.2e}")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "sglang-nvfp4-demo"))
+    args = ap.parse_args()
+    rng = random.Random(0)
+    model = make_tiny_model(os.path.join(args.workdir, "tiny-model"), kv_heads=1, layers=2)
+    print(f"tiny model (GraniteForCausalLM, 16 query heads / 1 KV head, head_dim 128): {model}")
+    long_prompt = " ".join(rng.choice(WORDS) for _ in range(3000))
+    shared = " ".join(rng.choice(WORDS) for _ in range(1500))
+    requests = [("long prompt", long_prompt), ("shared prefix A", shared + " key value"),
+                ("shared prefix B", shared + " sparse attention")]
+    server_args = ["--max-total-tokens", "65536", "--max-running-requests", "8"]
+    print("starting SGLang with --attention-backend nvfp4_sparse ...", flush=True)
+    with LocalServer(model, "nvfp4_sparse", extra_args=server_args) as srv:
+        for name, text in requests:
+            t0 = time.perf_counter()
+            out = srv.generate(text, max_new_tokens=12)
+            meta = out["meta_info"]
+            print(f"{name:16s} prompt {meta['prompt_tokens']:5d} tokens ({-(-meta['prompt_tokens'] // 128)} blocks), "
+                  f"cached {meta['cached_tokens']:5d}, {time.perf_counter() - t0:6.1f} s -> {out['text']!r}")
+        log = srv.log_tail(1_000_000)
+    code = srv.process.returncode
+    capacity = re.search(r"nvfp4_sparse KV pool: .*", log)
+    print(capacity.group(0) if capacity else "KV pool line missing from the server log")
+    print(f"server stopped (exit code {code})")
 
 
 if __name__ == "__main__":

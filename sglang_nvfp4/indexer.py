@@ -211,20 +211,29 @@ def _validate_select(q, summaries, block_table, req, pos, topk, sink_blocks, loc
     return t, hkv
 
 
+_AGGREGATE_TOKENS = 8192  # tokens per chunk of the fp32 head averaging (bounds its temporaries)
+
+
 def aggregate_queries(q: torch.Tensor, num_kv_heads: int, method: str) -> torch.Tensor:
     """``q [T, H, 128]`` -> fp16 ``[T, Hkv, D]`` aggregated queries, ``D`` = 128 (mean) or 256 (quest).
 
     ``"mean"``: the mean of the G query heads of each KV head; ``"quest"``: the means of
-    ``relu(q)`` and ``min(q, 0)``, concatenated (they pair with ``bounds``' max and min)."""
-    t, h, _ = q.shape
-    qg = q.float().reshape(t, num_kv_heads, h // num_kv_heads, fmt.HEAD_DIM)
-    if method == "mean":
-        agg = qg.mean(dim=2)
-    elif method == "quest":
-        agg = torch.cat((qg.clamp(min=0).mean(dim=2), qg.clamp(max=0).mean(dim=2)), dim=-1)
-    else:
+    ``relu(q)`` and ``min(q, 0)``, concatenated (they pair with ``bounds``' max and min).
+    Averaged in fp32, ``_AGGREGATE_TOKENS`` tokens at a time."""
+    if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
-    return agg.half().contiguous()
+    t, h, _ = q.shape
+    width = fmt.HEAD_DIM if method == "mean" else 2 * fmt.HEAD_DIM
+    out = torch.empty(t, num_kv_heads, width, dtype=torch.float16, device=q.device)
+    for start in range(0, t, _AGGREGATE_TOKENS):
+        rows = slice(start, min(start + _AGGREGATE_TOKENS, t))
+        qg = q[rows].float().reshape(-1, num_kv_heads, h // num_kv_heads, fmt.HEAD_DIM)
+        if method == "mean":
+            out[rows] = qg.mean(dim=2)
+        else:
+            out[rows, :, : fmt.HEAD_DIM] = qg.clamp(min=0).mean(dim=2)
+            out[rows, :, fmt.HEAD_DIM :] = qg.clamp(max=0).mean(dim=2)
+    return out
 
 
 def select_blocks(

@@ -1,0 +1,111 @@
+"""Start and stop a real ``sglang.launch_server`` on 127.0.0.1 (CPU or GPU) and talk to it.
+
+Used by the CPU server tests, the soak test and the README's main job. On a CPU-only machine it
+runs SGLang's CPU engine (``--device cpu``, ``SGLANG_USE_CPU_ENGINE=1``) and, when ``sgl_kernel`` is
+not installed, puts the pure-torch stand-in of :mod:`sglang_nvfp4.cpu_compat` on the server's path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from . import cpu_compat
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class LocalServer:
+    """``with LocalServer(model, "nvfp4_sparse") as srv: srv.generate("hi")``."""
+
+    def __init__(self, model_path: str, attention_backend: str, *, extra_args=(), log_path: str | None = None,
+                 startup_timeout: float = 600.0, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path or os.path.join(model_path, f"server-{attention_backend}-{self.port}.log")
+        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
+                "--port", str(self.port), "--attention-backend", attention_backend, *extra_args]
+        child_env = dict(os.environ if env is None else env)
+        if not cuda_available():
+            args += ["--device", "cpu"]
+            child_env["SGLANG_USE_CPU_ENGINE"] = "1"
+            if cpu_compat.needs_stand_in():
+                child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_compat.stand_in_path(), child_env.get("PYTHONPATH")]))
+        self.args, self.env, self.startup_timeout = args, child_env, startup_timeout
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LocalServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(self.args, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                self.get("/health_generate", timeout=60)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM the server's process group, wait, SIGKILL if it lingers; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def log_tail(self, chars: int = 4000) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-chars:]
+
+    def get(self, path: str, timeout: float = 30.0):
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body.strip().startswith((b"{", b"[")) else body.decode()
+
+    def post(self, path: str, payload: dict, timeout: float = 600.0):
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body.strip().startswith((b"{", b"[")) else body.decode()
+
+    def generate(self, text: str, max_new_tokens: int = 8, **extra) -> dict:
+        """Greedy generation; returns SGLang's JSON (``text``, ``meta_info``)."""
+        payload = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+        payload.update(extra)
+        return self.post("/generate", payload)

@@ -1,0 +1,183 @@
+"""``nvfp4_sparse``: SGLang attention backend over the NVFP4 KV pool with top-k block sparsity.
+
+Per forward, :meth:`NVFP4SparseAttnBackend.init_forward_metadata` builds once, from SGLang's
+``req_to_token`` table, what every layer shares: a block table per batch request
+(``req_to_token[req, ::128] // 128``: the page of each 128-token block), and for each query token its
+batch row and position (radix prefix and chunked-prefill offsets included; starts need not be page
+aligned). It is rebuilt on every forward because the radix cache may move a request's pages.
+Per layer, ``forward_*`` writes the new K/V into the pool, lets the indexer pick blocks for each
+token and KV head, and calls the kernel dispatcher. Decode CUDA graphs refresh static copies of the
+same metadata in place (padded rows: request row 0, position 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
+
+from .. import format as fmt
+from .. import kernels
+from . import BACKEND_NAME
+from .config import load_config
+from .kv_pool import NVFP4TokenToKVPool, layer_scales
+
+
+@dataclass
+class SparseForwardMetadata:
+    block_table: torch.Tensor  # int32 [B, S]: page of block s of batch request b
+    req: torch.Tensor  # int32 [T]: batch row of each query token
+    pos: torch.Tensor  # int32 [T]: position of each query token in its request
+
+
+def _blocks(num_tokens: int) -> int:
+    return -(-num_tokens // fmt.PAGE_SIZE)
+
+
+def build_block_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """``int32 [B, num_blocks]``: the page holding each 128-token block of each batch request."""
+    first_slots = req_to_token[req_pool_indices.long(), : num_blocks * fmt.PAGE_SIZE : fmt.PAGE_SIZE]
+    return (first_slots // fmt.PAGE_SIZE).to(torch.int32)
+
+
+def check_model_supported(model_runner) -> None:
+    """Start-up validation of what this backend can serve; ``ValueError`` with the reason."""
+    cfg = model_runner.model_config
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise ValueError(f"{BACKEND_NAME}: encoder-decoder models (cross attention) are not supported")
+    if getattr(model_runner, "use_mla_backend", False):
+        raise ValueError(f"{BACKEND_NAME}: MLA models are not supported (the cache holds per-head K/V)")
+    if cfg.head_dim != fmt.HEAD_DIM or getattr(cfg, "v_head_dim", fmt.HEAD_DIM) != fmt.HEAD_DIM:
+        raise ValueError(f"{BACKEND_NAME}: head_dim {cfg.head_dim} is not supported, only {fmt.HEAD_DIM}")
+    if getattr(model_runner, "is_hybrid_swa", False) or getattr(model_runner, "sliding_window_size", None):
+        raise ValueError(f"{BACKEND_NAME}: sliding-window attention is not supported")
+    spec = getattr(model_runner, "spec_algorithm", None)
+    if spec is not None and not spec.is_none():
+        raise ValueError(f"{BACKEND_NAME}: speculative decoding is not supported")
+    model = getattr(model_runner, "model", None)
+    for layer in model.modules() if model is not None else ():
+        if isinstance(layer, RadixAttention):
+            check_layer_supported(layer)
+
+
+def check_layer_supported(layer: RadixAttention) -> None:
+    where = f"{BACKEND_NAME}: layer {layer.layer_id}"
+    if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+        raise ValueError(f"{where}: only causal decoder self-attention is supported")
+    if layer.logit_cap and layer.logit_cap > 0:
+        raise ValueError(f"{where}: logit capping is not supported")
+    if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+        raise ValueError(f"{where}: sliding-window attention is not supported")
+    if layer.qk_head_dim != fmt.HEAD_DIM or layer.v_head_dim != fmt.HEAD_DIM:
+        raise ValueError(f"{where}: head_dim {layer.qk_head_dim}/{layer.v_head_dim} is not supported")
+    if layer.tp_q_head_num % layer.tp_k_head_num:
+        raise ValueError(f"{where}: {layer.tp_q_head_num} query heads per {layer.tp_k_head_num} KV heads")
+
+
+class NVFP4SparseAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        self.device = torch.device(model_runner.device)
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        if not isinstance(self.token_to_kv_pool, NVFP4TokenToKVPool):
+            raise ValueError(
+                f"{BACKEND_NAME}: the KV pool is {type(self.token_to_kv_pool).__name__}, not NVFP4TokenToKVPool; "
+                "both --prefill-attention-backend and --decode-attention-backend must be "
+                f"{BACKEND_NAME} (they share the NVFP4 cache), and the sglang_nvfp4 plugin must be loaded"
+            )
+        check_model_supported(model_runner)
+        self.config = load_config()
+        self.max_blocks = _blocks(model_runner.model_config.context_len)
+        self.forward_metadata: SparseForwardMetadata | None = None
+        self._graph_block_table = self._graph_req = self._graph_pos = None
+
+    # ---- metadata, once per forward -------------------------------------------------------
+    def init_forward_metadata(self, forward_batch):
+        mode = forward_batch.forward_mode
+        if mode.is_idle():
+            self.forward_metadata = None
+            return
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            raise NotImplementedError(f"{BACKEND_NAME}: speculative decoding is not supported")
+        req_pool_indices = forward_batch.req_pool_indices
+        bs = forward_batch.batch_size
+        num_blocks = _blocks(int(forward_batch.seq_lens_cpu[:bs].max()))
+        block_table = build_block_table(self.req_to_token_pool.req_to_token, req_pool_indices, num_blocks)
+        if mode.is_decode():
+            req = torch.arange(bs, dtype=torch.int32, device=self.device)
+            pos = (forward_batch.seq_lens[:bs] - 1).to(torch.int32)
+        else:  # EXTEND / MIXED: each request's new tokens follow its cached prefix
+            num_tokens = sum(forward_batch.extend_seq_lens_cpu)
+            rows = torch.arange(bs, device=self.device)
+            req = torch.repeat_interleave(rows, forward_batch.extend_seq_lens, output_size=num_tokens)
+            token = torch.arange(num_tokens, device=self.device)
+            starts = torch.cumsum(forward_batch.extend_seq_lens, 0) - forward_batch.extend_seq_lens
+            pos = (forward_batch.extend_prefix_lens[req] + token - starts[req]).to(torch.int32)
+            req = req.to(torch.int32)
+        self.forward_metadata = SparseForwardMetadata(block_table, req, pos)
+
+    # ---- decode CUDA graphs -----------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        self._graph_block_table = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=self.device)
+        self._graph_req = torch.arange(max_bs, dtype=torch.int32, device=self.device)
+        self._graph_pos = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        """Refresh the static decode metadata in place before capture / replay."""
+        mode = forward_batch.forward_mode
+        if not mode.is_decode_or_idle():
+            raise NotImplementedError(f"{BACKEND_NAME}: CUDA graphs are supported for decode only")
+        bs = forward_batch.batch_size
+        self._graph_block_table[:bs].copy_(
+            build_block_table(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], self.max_blocks)
+        )
+        self._graph_pos[:bs].copy_(forward_batch.seq_lens[:bs] - 1)
+        self.forward_metadata = SparseForwardMetadata(
+            self._graph_block_table[:bs], self._graph_req[:bs], self._graph_pos[:bs]
+        )
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    # ---- per layer ---------------------------------------------------------------------------
+    def _attend(self, q, k, v, layer, forward_batch, save_kv_cache, attend_fn, kwargs):
+        if kwargs.get("sinks") is not None:
+            raise NotImplementedError(f"{BACKEND_NAME}: attention sinks are not supported")
+        pool = self.token_to_kv_pool
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        md = self.forward_metadata
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        topk = self._select(q3, layer, md)
+        k_scale, v_scale = layer_scales(layer)
+        out = attend_fn(q3, pool.layer_cache(layer.layer_id), topk, md.block_table, md.req, md.pos,
+                        k_scale, v_scale, layer.scaling)
+        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _select(self, q3, layer, md) -> torch.Tensor:
+        """``int32 [Hkv, T, K]`` blocks per KV head and token: the indexer's top-k padded to ``TOPK``,
+        or every visible block (``K`` = block-table width) for layers kept dense."""
+        pool = self.token_to_kv_pool
+        local_id = layer.layer_id - pool.start_layer
+        if self.config.is_dense_layer(layer.layer_id):
+            width = md.block_table.shape[1]
+            ids = torch.arange(width, dtype=torch.int32, device=md.pos.device)
+            own = (md.pos // fmt.PAGE_SIZE)[:, None]
+            blocks = torch.where(ids[None, :] <= own, ids[None, :], -1)
+            return blocks[None].expand(layer.tp_k_head_num, -1, -1).contiguous()
+        topk = pool.indexer.select(local_id, q3, pool.layer_cache(layer.layer_id), md.block_table, md.req, md.pos)
+        if topk.shape[-1] < fmt.TOPK:
+            topk = torch.nn.functional.pad(topk, (0, fmt.TOPK - topk.shape[-1]), value=-1)
+        return topk
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kernels.sparse_prefill, kwargs)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kernels.sparse_decode, kwargs)
+
+    def support_triton(self):
+        return True

@@ -1,0 +1,76 @@
+"""Backend configuration from environment variables (prefix ``NVFP4_SPARSE_``), read once at startup.
+
+=============================  =======  ==========================================================
+variable                       default  meaning
+=============================  =======  ==========================================================
+``NVFP4_SPARSE_TOPK``          16       blocks of 128 keys attended per KV head and token (1..16)
+``NVFP4_SPARSE_SINK_BLOCKS``   1        leading blocks every token always attends
+``NVFP4_SPARSE_LOCAL_BLOCKS``  1        blocks just before the token's own that it always attends
+``NVFP4_SPARSE_INDEXER``       quest    training-free block scoring: ``quest`` (per-dim min/max
+                                        bound; the better recall in ``bench/results/indexer_*``)
+                                        or ``mean`` (mean key; a third of the summary memory)
+``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
+                                        (dense attention over the NVFP4 cache), or ``all``
+=============================  =======  ==========================================================
+
+A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
+all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every layer. Bad values
+raise ``ValueError`` naming the variable when the backend is created (server start-up).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .. import format as fmt
+
+_PREFIX = "NVFP4_SPARSE_"
+INDEXER_METHODS = ("quest", "mean")
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    topk: int = fmt.TOPK
+    sink_blocks: int = 1
+    local_blocks: int = 1
+    indexer: str = "quest"
+    dense_layers: frozenset[int] | None = frozenset()  # None: every layer
+
+    def is_dense_layer(self, layer_id: int) -> bool:
+        return self.dense_layers is None or layer_id in self.dense_layers
+
+
+def _int(env, name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(_PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{_PREFIX}{name}={raw!r}: expected an integer") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{_PREFIX}{name}={value}: expected {lo}..{hi}")
+    return value
+
+
+def load_config(env=None) -> SparseConfig:
+    """Read and validate the ``NVFP4_SPARSE_*`` variables from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    topk = _int(env, "TOPK", fmt.TOPK, 1, fmt.TOPK)
+    sink = _int(env, "SINK_BLOCKS", 1, 0, topk - 1)
+    local = _int(env, "LOCAL_BLOCKS", 1, 0, topk - 1 - sink)
+    indexer = env.get(_PREFIX + "INDEXER") or "quest"
+    if indexer not in INDEXER_METHODS:
+        raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXER_METHODS}")
+    raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
+    if raw_dense == "all":
+        dense = None
+    else:
+        try:
+            dense = frozenset(int(x) for x in raw_dense.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: expected 'all' or comma-separated layer ids") from None
+        if any(x < 0 for x in dense):
+            raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: layer ids must be >= 0")
+    return SparseConfig(topk, sink, local, indexer, dense)

@@ -1,0 +1,151 @@
+"""SGLang plugin (entry point ``sglang.srt.plugins: nvfp4_sparse``): registers ``--attention-backend
+nvfp4_sparse`` without a fork of SGLang 0.5.23.
+
+SGLang runs :func:`register` through ``load_plugins()`` in every process (launcher, scheduler,
+detokenizer, ``sglang.Engine``). It uses only SGLang's extension points:
+
+* ``add_attention_backend_choices`` / ``register_attention_backend``: the name and its factory;
+* ``register_resolution_hook("handle_attention_backend_compatibility")``: start-up rules on the
+  server arguments (page size 128 set when unset, clear errors for what the backend cannot serve);
+* ``HookRegistry`` AROUND hooks that act only while ``nvfp4_sparse`` is the configured backend:
+  ``SRTPlatform.get_kv_pool_cls`` (install :class:`NVFP4TokenToKVPool` for MHA models),
+  ``DefaultPoolConfigurator._compute_cell_size`` (size the pool at NVFP4 bytes per token, so
+  ``max_total_num_tokens`` grows ~3.5x over bf16), and ``models.utils.enable_fused_set_kv_buffer``
+  (models that would write bf16 K/V into the cache themselves go through the pool instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from . import BACKEND_NAME
+
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def backend_active() -> bool:
+    """Whether the running SGLang process is configured with the ``nvfp4_sparse`` backend."""
+    from sglang.srt.runtime_context import attention_backends
+
+    try:
+        return BACKEND_NAME in attention_backends()
+    except (ValueError, AttributeError, RuntimeError):  # no published server config in this process
+        return False
+
+
+def create_backend(model_runner):
+    from .backend import NVFP4SparseAttnBackend
+
+    return NVFP4SparseAttnBackend(model_runner)
+
+
+def apply_server_arg_rules(server_args) -> None:
+    """Start-up rules for ``nvfp4_sparse`` on resolved server arguments: ``--page-size 128`` when
+    unset, prefill CUDA graphs off, and clear errors for what the backend cannot serve."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of, declare_resolution, resolved_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    from .. import format as fmt
+
+    view = resolved_view(server_args)
+    prefill, decode = attention_backends_of(view)
+    if BACKEND_NAME not in (prefill, decode):
+        return
+    if prefill != decode:
+        raise ValueError(
+            f"{BACKEND_NAME} must serve both prefill and decode (they share the NVFP4 KV cache); "
+            f"got prefill={prefill!r}, decode={decode!r}"
+        )
+    if view.page_size is None:
+        logger.info("%s: setting --page-size %d (one page = one sparse block)", BACKEND_NAME, fmt.PAGE_SIZE)
+        declare_resolution(server_args, "sglang_nvfp4", page_size=fmt.PAGE_SIZE)
+    elif view.page_size != fmt.PAGE_SIZE:
+        raise ValueError(f"{BACKEND_NAME} needs --page-size {fmt.PAGE_SIZE} (one page = one block), got {view.page_size}")
+    if view.speculative_algorithm is not None:
+        raise ValueError(f"{BACKEND_NAME} does not support speculative decoding ({view.speculative_algorithm})")
+    if view.kv_cache_dtype not in ("auto", None):
+        raise ValueError(f"{BACKEND_NAME} stores K/V in NVFP4 itself; leave --kv-cache-dtype auto (got {view.kv_cache_dtype!r})")
+    if view.enable_hierarchical_cache:
+        raise ValueError(f"{BACKEND_NAME} does not support --enable-hierarchical-cache")
+    if view.disaggregation_mode != "null":
+        raise ValueError(f"{BACKEND_NAME} does not support PD disaggregation")
+    # Decode CUDA graphs are supported; prefill graphs are not (attention runs eagerly there).
+    declare_resolution(
+        server_args, "sglang_nvfp4",
+        cuda_graph_config=with_phase(view.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
+    )
+
+
+def kv_pool_class_override(kind: str):
+    """:class:`NVFP4TokenToKVPool` for MHA models while the backend is active, else ``None``."""
+    if kind == "mha" and backend_active():
+        from .kv_pool import NVFP4TokenToKVPool
+
+        return NVFP4TokenToKVPool
+    return None
+
+
+def cell_size_override(kvc, num_layers: int):
+    """Pool bytes per token (NVFP4 cache + block summaries) while the backend is active, else ``None``."""
+    if not backend_active():
+        return None
+    from sglang.srt.runtime_context import get_parallel
+
+    from .config import load_config
+    from .kv_pool import bytes_per_token
+
+    parallel = get_parallel()
+    heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
+    return math.ceil(bytes_per_token(heads, num_layers, load_config().indexer))
+
+
+# HookRegistry AROUND hooks and the resolution hook: the plugin's way of applying the rules above.
+def _resolve_server_args(server_args, previous) -> None:
+    previous(server_args)
+    apply_server_arg_rules(server_args)
+
+
+def _kv_pool_cls(original, platform, *, kind):
+    return kv_pool_class_override(kind) or original(platform, kind=kind)
+
+
+def _cell_size(original, configurator, kvc, num_layers):
+    override = cell_size_override(kvc, num_layers)
+    return original(configurator, kvc, num_layers) if override is None else override
+
+
+def _fused_kv_write(original, *args, **kwargs):
+    return False if backend_active() else original(*args, **kwargs)
+
+
+def register() -> None:
+    """Register the backend, its start-up rules and its pool with SGLang (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
+    register_attention_backend(BACKEND_NAME)(create_backend)
+    register_resolution_hook("handle_attention_backend_compatibility")(_resolve_server_args)
+    for target, hook in (
+        ("sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls", _kv_pool_cls),
+        ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size", _cell_size),
+        ("sglang.srt.models.utils.enable_fused_set_kv_buffer", _fused_kv_write),
+    ):
+        HookRegistry.register(target, hook, HookType.AROUND)
+    _registered = True
+
+
+def register_and_apply() -> None:
+    """For entry points that parse arguments before SGLang loads plugins (benchmark CLIs)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    register()
+    HookRegistry.apply_hooks()

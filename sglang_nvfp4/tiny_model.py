@@ -1,0 +1,115 @@
+"""A tiny random-weight model in Hugging Face format, generated locally (no hub access).
+
+GraniteForCausalLM (Llama-like; its MLP needs no CuTe-DSL kernels, so it also serves on the GPU
+bundle host) with the backend's attention shape: 16 query heads per KV head, head_dim 128. A
+byte-level BPE tokenizer is trained on a small synthetic corpus with ``tokenizers``.
+
+``python -m sglang_nvfp4.tiny_model OUT_DIR [--kv-heads 1] [--layers 2] [--seed 0]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+import torch
+
+VOCAB_SIZE = 512
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her an were are which this be or "
+    "had not but first one their its new after who they have two been has more also into other "
+    "page block key value cache sparse attention token model query head layer memory"
+).split()
+
+
+def _corpus(seed: int, lines: int = 2000):
+    rng = random.Random(seed)
+    for _ in range(lines):
+        yield " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 30))) + f" {rng.randint(0, 99999)}."
+
+
+def _write_tokenizer(out_dir: str, seed: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    fast.save_pretrained(out_dir)
+
+
+def make_tiny_model(out_dir: str, *, kv_heads: int = 1, layers: int = 2, heads_per_kv: int = 16,
+                    hidden_size: int = 256, context_len: int = 16384, seed: int = 0, weights: bool = True,
+                    vocab_size: int = VOCAB_SIZE) -> str:
+    """Write config, a tokenizer and (unless ``weights=False``, for ``--load-format dummy``) random
+    safetensors weights to ``out_dir``; returns ``out_dir``. A ``vocab_size`` above the tokenizer's
+    serves benchmarks that feed random token ids (``sglang.benchmark.one_batch`` draws ids < 10000)."""
+    if weights and vocab_size != VOCAB_SIZE:
+        raise ValueError(f"vocab_size: random weights are generated for the tokenizer's {VOCAB_SIZE}, got {vocab_size}")
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    _write_tokenizer(out_dir, seed)
+    heads, head_dim, inter = heads_per_kv * kv_heads, 128, 2 * hidden_size
+    config = {
+        "architectures": ["GraniteForCausalLM"], "model_type": "granite",
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": context_len,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "attention_multiplier": head_dim**-0.5, "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+        "logits_scaling": 1.0, "attention_bias": False, "mlp_bias": False,
+        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    }
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    if not weights:
+        return out_dir
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, std=0.02):
+        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
+
+    # Scales chosen so that attention moves the logits (its output is as large as the embedding)
+    # and next-token distributions are peaked but not one-hot.
+    tensors = {"model.embed_tokens.weight": rand(VOCAB_SIZE, hidden_size, std=1.0),
+               "lm_head.weight": rand(VOCAB_SIZE, hidden_size, std=0.15),
+               "model.norm.weight": torch.ones(hidden_size, dtype=torch.bfloat16)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden_size, std=0.1),
+            p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden_size, std=0.1),
+            p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden_size, std=hidden_size**-0.5),
+            p + "self_attn.o_proj.weight": rand(hidden_size, heads * head_dim, std=(heads * head_dim) ** -0.5),
+            p + "mlp.gate_proj.weight": rand(inter, hidden_size),
+            p + "mlp.up_proj.weight": rand(inter, hidden_size),
+            p + "mlp.down_proj.weight": rand(hidden_size, inter),
+            p + "input_layernorm.weight": torch.ones(hidden_size, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(hidden_size, dtype=torch.bfloat16),
+        })
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--kv-heads", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(make_tiny_model(args.out_dir, kv_heads=args.kv_heads, layers=args.layers, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()

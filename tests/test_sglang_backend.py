@@ -1,0 +1,333 @@
+"""The nvfp4_sparse SGLang backend and pool on CPU: regression tests against dense attention
+(SGLang's attention unit-test kit and torch_native on the same pool data), radix-shared pages,
+chunked prefill, decode, CUDA-graph metadata, and start-up validation."""
+
+from __future__ import annotations
+
+import unittest
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt")
+
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
+
+from sglang_nvfp4 import format as fmt  # noqa: E402
+from sglang_nvfp4.reference import sparse_prefill_reference  # noqa: E402
+from sglang_nvfp4.sglang import plugin  # noqa: E402
+from sglang_nvfp4.sglang.backend import NVFP4SparseAttnBackend, check_layer_supported  # noqa: E402
+from sglang_nvfp4.sglang.config import load_config  # noqa: E402
+from sglang_nvfp4.sglang.kv_pool import NVFP4TokenToKVPool, bytes_per_token  # noqa: E402
+
+plugin.register()
+
+
+def rel_err(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# A minimal runner: the pools and model facts the backend reads, nothing else.
+# ---------------------------------------------------------------------------------------------
+class Harness:
+    def __init__(self, num_heads=16, num_kv_heads=1, max_context_len=4096, num_reqs=4, num_pages=None, seed=0):
+        self.gen = torch.Generator().manual_seed(seed)
+        num_pages = num_pages or num_reqs * max_context_len // fmt.PAGE_SIZE + 2
+        self.req_to_token_pool = ReqToTokenPool(size=num_reqs, max_context_len=max_context_len, device="cpu",
+                                                enable_memory_saver=False)
+        self.pool = NVFP4TokenToKVPool(size=(num_pages - 1) * fmt.PAGE_SIZE, page_size=fmt.PAGE_SIZE,
+                                       dtype=torch.bfloat16, head_num=num_kv_heads, head_dim=fmt.HEAD_DIM,
+                                       layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+        self.runner = SimpleNamespace(
+            device="cpu", req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
+            model_config=SimpleNamespace(context_len=max_context_len, head_dim=128, v_head_dim=128,
+                                         is_encoder_decoder=False),
+            spec_algorithm=SpeculativeAlgorithm.NONE, model=None, is_hybrid_swa=False, sliding_window_size=None,
+        )
+        self.backend = NVFP4SparseAttnBackend(self.runner)
+        self.layer = RadixAttention(num_heads, fmt.HEAD_DIM, fmt.HEAD_DIM**-0.5, num_kv_heads, layer_id=0)
+        self.free_pages = torch.randperm(num_pages - 1, generator=self.gen) + 1  # page 0 stays the dummy page
+
+    def take_pages(self, n: int) -> list[int]:
+        pages, self.free_pages = self.free_pages[:n].tolist(), self.free_pages[n:]
+        return pages
+
+    def map_request(self, row: int, pages: list[int], length: int) -> None:
+        pos = torch.arange(length)
+        slots = torch.tensor(pages)[pos // fmt.PAGE_SIZE] * fmt.PAGE_SIZE + pos % fmt.PAGE_SIZE
+        self.req_to_token_pool.req_to_token[row, :length] = slots.int()
+
+    def qkv(self, n: int):
+        h, hkv = self.layer.tp_q_head_num, self.layer.tp_k_head_num
+        q = (torch.randn(n, h * 128, generator=self.gen) * 0.5).bfloat16()
+        k = torch.randn(n, hkv * 128, generator=self.gen).bfloat16()
+        v = torch.randn(n, hkv * 128, generator=self.gen).bfloat16()
+        return q, k, v
+
+    def batch(self, mode, rows, seq_lens, extend_lens=None) -> ForwardBatch:
+        """A batch whose requests (req_to_token rows) end at ``seq_lens``; the last ``extend_lens``
+        tokens are new (decode: one each)."""
+        extend_lens = [1] * len(rows) if mode.is_decode() else list(extend_lens)
+        prefix = [s - e for s, e in zip(seq_lens, extend_lens)]
+        r2t = self.req_to_token_pool.req_to_token
+        out_loc = torch.cat([r2t[r, p:s] for r, p, s in zip(rows, prefix, seq_lens)]).long()
+        positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq_lens)])
+        fb = ForwardBatch(
+            forward_mode=mode, batch_size=len(rows), input_ids=torch.zeros(len(out_loc), dtype=torch.long),
+            req_pool_indices=torch.tensor(rows, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32), out_cache_loc=out_loc,
+            seq_lens_sum=sum(seq_lens), positions=positions,
+        )
+        if not mode.is_decode():
+            fb.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32)
+            fb.extend_prefix_lens_cpu = prefix
+            fb.extend_seq_lens = torch.tensor(extend_lens, dtype=torch.int32)
+            fb.extend_seq_lens_cpu = extend_lens
+            fb.extend_num_tokens = sum(extend_lens)
+        return fb
+
+    def forward(self, fb, q, k, v):
+        self.backend.init_forward_metadata(fb)
+        with torch.no_grad():
+            return self.backend.forward(q, k, v, self.layer, fb)
+
+    def reference(self, fb, q, block_table, req, pos):
+        """Independent expectation: the contract's reference, fed metadata built from the test's own
+        page lists and the indexer's selection for it."""
+        cache = self.pool.layer_cache(0)
+        q3 = q.view(-1, self.layer.tp_q_head_num, 128)
+        topk = self.pool.indexer.select(0, q3, cache, block_table, req, pos)
+        topk = torch.nn.functional.pad(topk, (0, fmt.TOPK - topk.shape[-1]), value=-1)
+        return sparse_prefill_reference(q3, cache, topk, block_table, req, pos, 1.0, 1.0, self.layer.scaling).view(len(q), -1)
+
+
+def table(page_lists) -> torch.Tensor:
+    width = max(len(p) for p in page_lists)
+    return torch.tensor([p + [0] * (width - len(p)) for p in page_lists], dtype=torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang's attention unit-test kit: dense cases (<= 16 blocks) on shuffled / interleaved pages.
+# ---------------------------------------------------------------------------------------------
+KIT_CASES = [
+    ("extend_prefix_not_aligned", ForwardMode.EXTEND, 16, 2, (130, 0), (50, 300)),
+    ("extend_page_edges", ForwardMode.EXTEND, 16, 1, (0, 0, 128), (127, 128, 129)),
+    ("extend_gqa8", ForwardMode.EXTEND, 8, 1, (200,), (100,)),
+    ("decode_page_boundary", ForwardMode.DECODE, 16, 2, (127, 128, 255), ()),
+]
+
+
+# The kit's third layout, non_monotonic_extend, stores tokens off their in-page offset; SGLang's paged
+# allocator (page size 128 here) never does, and the block table relies on slot % 128 == pos % 128.
+@pytest.mark.parametrize("layout", ["shuffled_pages", "interleaved_pages"])
+@pytest.mark.parametrize("name, mode, heads, kv_heads, prefix, extend", KIT_CASES)
+def test_kit_dense_cases_match_dense_attention(layout, name, mode, heads, kv_heads, prefix, extend):
+    case = kit.DenseAttentionCase(name=name, backend=plugin.BACKEND_NAME, forward_mode=mode, num_heads=heads,
+                                  num_kv_heads=kv_heads, page_size=fmt.PAGE_SIZE, prefix_lens=prefix,
+                                  extend_lens=extend)
+    with torch.no_grad(), mock.patch.object(kit, "MHATokenToKVPool", NVFP4TokenToKVPool):
+        fx = kit.build_dense_attention_fixture(unittest.TestCase(), case, head_dim=128, hidden_size=64,
+                                               max_context_len=1024, dtype=torch.bfloat16, device="cpu",
+                                               loc_layout=layout)
+        assert isinstance(fx.backend, NVFP4SparseAttnBackend)
+        # The kit's own end-to-end check, at NVFP4 tolerance (exact dense attention on bf16 K/V).
+        out = kit.run_dense_fixture_eager(fx)
+        assert rel_err(out, kit.expected_dense_fixture_output(fx)) < 0.2
+        # Same pool data: torch_native over the dequantized cache must agree to fp16 rounding.
+        q, k, v = fx.actual_module.project_qkv(fx.input_hidden)
+        ours = fx.backend.forward(q, k, v, fx.actual_module.attn, fx.forward_batch)
+        ks, vs = fmt.read_kv(fx.runner.token_to_kv_pool.layer_cache(0),
+                             torch.arange(fx.runner.token_to_kv_pool.num_pages), 1.0, 1.0)
+        plain = SimpleNamespace(
+            get_key_buffer=lambda _: ks.transpose(1, 2).reshape(-1, kv_heads, 128),
+            get_value_buffer=lambda _: vs.transpose(1, 2).reshape(-1, kv_heads, 128),
+        )
+        native = TorchNativeAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=fx.runner.req_to_token_pool,
+                                                        token_to_kv_pool=plain))
+        native.init_forward_metadata(fx.forward_batch)
+        dense = native.forward(q.float(), None, None, fx.actual_module.attn, fx.forward_batch, save_kv_cache=False)
+    assert rel_err(ours, dense) < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse selection, radix-shared pages, chunked prefill, decode.
+# ---------------------------------------------------------------------------------------------
+def test_sparse_prefill_with_prefix_matches_reference_on_independent_metadata():
+    h = Harness(num_kv_heads=2, seed=1)
+    lens, prefixes = [2600, 900], [1000, 0]
+    pages = [h.take_pages(-(-n // 128)) for n in lens]
+    for row, (p, n) in enumerate(zip(pages, lens)):
+        h.map_request(row, p, n)
+    q0, k0, v0 = h.qkv(prefixes[0])  # the cached prefix (radix hit / earlier chunk)
+    h.forward(h.batch(ForwardMode.EXTEND, [0], [prefixes[0]], [prefixes[0]]), q0, k0, v0)
+    fb = h.batch(ForwardMode.EXTEND, [0, 1], lens, [n - p for n, p in zip(lens, prefixes)])
+    q, k, v = h.qkv(int(fb.extend_num_tokens))
+    out = h.forward(fb, q, k, v)
+    req = torch.cat([torch.full((n - p,), r) for r, (n, p) in enumerate(zip(lens, prefixes))]).int()
+    pos = torch.cat([torch.arange(p, n) for n, p in zip(lens, prefixes)]).int()
+    want = h.reference(fb, q, table(pages), req, pos)
+    assert torch.equal(out, want)
+    assert (h.pool.indexer.select(0, q.view(-1, 16, 128), h.pool.layer_cache(0), table(pages), req, pos) >= 0).sum(-1).max() == 16
+
+
+def test_radix_shared_prefix_pages_read_identical_data():
+    h = Harness(num_kv_heads=1, seed=2)
+    shared = h.take_pages(3)  # 384 tokens of prefix, cached once
+    h.map_request(0, shared, 384)
+    h.forward(h.batch(ForwardMode.EXTEND, [0], [384], [384]), *h.qkv(384))
+    tails = [h.take_pages(2), h.take_pages(2)]
+    for row, tail in ((1, tails[0]), (2, tails[1])):
+        h.map_request(row, shared + tail, 384 + 200)
+    q, k, v = h.qkv(200)
+    fb = h.batch(ForwardMode.EXTEND, [1, 2], [584, 584], [200, 200])
+    out = h.forward(fb, torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v]))
+    assert rel_err(out[:200], out[200:]) < 2e-3  # same data; only float summation order differs
+    assert torch.isfinite(out.float()).all() and out.abs().sum() > 0
+
+
+def test_chunked_prefill_equals_one_shot_prefill():
+    n, cut = 2300, 1000  # the second chunk starts mid-page
+    one, chunked = Harness(num_kv_heads=2, seed=3), Harness(num_kv_heads=2, seed=3)
+    q, k, v = one.qkv(n)
+    for h in (one, chunked):
+        h.map_request(0, h.take_pages(-(-n // 128)), n)
+    full = one.forward(one.batch(ForwardMode.EXTEND, [0], [n], [n]), q, k, v)
+    first = chunked.forward(chunked.batch(ForwardMode.EXTEND, [0], [cut], [cut]), q[:cut], k[:cut], v[:cut])
+    second = chunked.forward(chunked.batch(ForwardMode.EXTEND, [0], [n], [n - cut]), q[cut:], k[cut:], v[cut:])
+    assert torch.equal(one.pool.layer_cache(0), chunked.pool.layer_cache(0))
+    torch.testing.assert_close(torch.cat([first, second]), full, rtol=0, atol=2e-2)
+
+
+def test_decode_after_prefill_matches_reference_and_graph_metadata_path():
+    h = Harness(num_kv_heads=2, seed=4)
+    lens = [2100, 300, 128]
+    pages = [h.take_pages(-(-(n + 1) // 128)) for n in lens]
+    for row, (p, n) in enumerate(zip(pages, lens)):
+        h.map_request(row, p, n + 1)
+        h.forward(h.batch(ForwardMode.EXTEND, [row], [n], [n]), *h.qkv(n))
+    fb = h.batch(ForwardMode.DECODE, [0, 1, 2], [n + 1 for n in lens])
+    q, k, v = h.qkv(3)
+    cache_before = h.pool.layer_cache(0).clone()
+    eager = h.forward(fb, q, k, v)
+    want = h.reference(fb, q, table(pages), torch.arange(3).int(), torch.tensor(lens).int())
+    assert torch.equal(eager, want)
+    # CUDA-graph metadata path (static buffers refreshed in place), padded to 4 rows.
+    h.pool.layer_cache(0).copy_(cache_before)
+    h.backend.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+    padded = h.batch(ForwardMode.DECODE, [0, 1, 2, 0], [n + 1 for n in lens] + [1])
+    padded.req_pool_indices[3] = 0
+    padded.out_cache_loc[3] = 0  # SGLang's padded rows write the dummy slot 0 (page 0 is never handed out)
+    h.backend.init_forward_metadata_out_graph(padded, in_capture=False)
+    with torch.no_grad():
+        graphed = h.backend.forward(torch.cat([q, q[:1]]), torch.cat([k, k[:1]]), torch.cat([v, v[:1]]), h.layer, padded)
+    assert torch.equal(graphed[:3], eager)
+    assert h.backend.get_cuda_graph_seq_len_fill_value() == 1
+
+
+def test_dense_layers_attend_every_visible_block(monkeypatch):
+    monkeypatch.setenv("NVFP4_SPARSE_DENSE_LAYERS", "0")
+    h = Harness(num_kv_heads=1, seed=5)
+    n = 2700  # 22 blocks: more than TOPK
+    pages = h.take_pages(22)
+    h.map_request(0, pages, n)
+    q, k, v = h.qkv(n)
+    out = h.forward(h.batch(ForwardMode.EXTEND, [0], [n], [n]), q, k, v)
+    pos = torch.arange(n).int()
+    ids = torch.arange(22).int()
+    dense = torch.where(ids[None] <= (pos // 128)[:, None], ids[None], -1)[None].contiguous()
+    want = sparse_prefill_reference(q.view(n, 16, 128), h.pool.layer_cache(0), dense, table([pages]),
+                                    torch.zeros(n, dtype=torch.int32), pos, 1.0, 1.0, h.layer.scaling)
+    assert torch.equal(out, want.view(n, -1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pool: capacity accounting, no bf16 view, exact moves and offload.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["mean", "quest"])
+def test_pool_bytes_per_token_and_capacity_vs_bf16(method):
+    per_token = bytes_per_token(num_kv_heads=4, num_layers=3, indexer_method=method)
+    assert 3 * 4 * 144 < per_token < 3 * 4 * 151
+    assert 3 * 4 * 512 / per_token >= 3.4
+    h = Harness(num_kv_heads=2)
+    k_bytes, v_bytes = h.pool.get_kv_size_bytes()
+    assert v_bytes == h.pool.num_pages * 2 * 128 * 72 and k_bytes > v_bytes  # Hkv=2; K also counts summaries
+
+
+def test_pool_has_no_plain_kv_view():
+    h = Harness()
+    for fn in (h.pool.get_key_buffer, h.pool.get_value_buffer, h.pool.get_kv_buffer):
+        with pytest.raises(NotImplementedError, match="no bf16"):
+            fn(0)
+
+
+def test_pool_moves_and_offload_copy_exact_bytes():
+    h = Harness(num_kv_heads=2, seed=6)
+    h.map_request(0, h.take_pages(2), 200)
+    h.forward(h.batch(ForwardMode.EXTEND, [0], [200], [200]), *h.qkv(200))
+    src = h.req_to_token_pool.req_to_token[0, :200].long()
+    dst_page = h.take_pages(2)
+    dst = (torch.tensor(dst_page)[torch.arange(200) // 128] * 128 + torch.arange(200) % 128).long()
+    h.pool.move_kv_cache(dst, src)
+    cache = h.pool.layer_cache(0)
+    assert torch.equal(fmt.read_token_records(cache, dst), fmt.read_token_records(cache, src))
+    summaries = h.pool.indexer.summaries[0]
+    assert torch.equal(summaries.mean[dst_page[0]], summaries.mean[int(src[0]) // 128])
+    saved = h.pool.get_cpu_copy(src)
+    cache[int(src[0]) // 128].zero_()
+    h.pool.load_cpu_copy(saved, src)
+    assert torch.equal(fmt.read_token_records(cache, src), saved[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up validation and configuration.
+# ---------------------------------------------------------------------------------------------
+def test_backend_refuses_a_plain_pool():
+    h = Harness()
+    runner = SimpleNamespace(**{**vars(h.runner), "token_to_kv_pool": object()})
+    with pytest.raises(ValueError, match="NVFP4TokenToKVPool"):
+        NVFP4SparseAttnBackend(runner)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(logit_cap=30.0), "logit"), (dict(sliding_window_size=512), "sliding"), (dict(is_cross_attention=True), "causal")],
+)
+def test_unsupported_layers_fail_at_startup(kwargs, match):
+    layer = RadixAttention(16, 128, 0.1, 1, layer_id=3, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        check_layer_supported(layer)
+
+
+def test_unsupported_head_dim_fails_at_startup():
+    h = Harness()
+    runner = SimpleNamespace(**{**vars(h.runner), "model_config": SimpleNamespace(
+        context_len=4096, head_dim=64, v_head_dim=64, is_encoder_decoder=False)})
+    with pytest.raises(ValueError, match="head_dim"):
+        NVFP4SparseAttnBackend(runner)
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [({"NVFP4_SPARSE_TOPK": "17"}, "TOPK"), ({"NVFP4_SPARSE_TOPK": "x"}, "TOPK"),
+     ({"NVFP4_SPARSE_INDEXER": "oracle"}, "INDEXER"), ({"NVFP4_SPARSE_SINK_BLOCKS": "16"}, "SINK"),
+     ({"NVFP4_SPARSE_DENSE_LAYERS": "1,a"}, "DENSE_LAYERS")],
+)
+def test_bad_configuration_names_the_variable(env, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(env)
+
+
+def test_configuration_defaults_and_values():
+    cfg = load_config({})
+    assert (cfg.topk, cfg.sink_blocks, cfg.local_blocks) == (16, 1, 1) and not cfg.is_dense_layer(0)
+    cfg = load_config({"NVFP4_SPARSE_TOPK": "8", "NVFP4_SPARSE_DENSE_LAYERS": "0,2", "NVFP4_SPARSE_INDEXER": "mean"})
+    assert cfg.topk == 8 and cfg.is_dense_layer(2) and not cfg.is_dense_layer(1) and cfg.indexer == "mean"
+    assert load_config({"NVFP4_SPARSE_DENSE_LAYERS": "all"}).is_dense_layer(7)
