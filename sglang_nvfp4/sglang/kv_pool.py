@@ -30,11 +30,15 @@ def layer_scales(layer) -> tuple[float, float]:
     return (1.0 if k is None else float(k)), (1.0 if v is None else float(v))
 
 
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors an object holds as attributes (block summaries)."""
+    return sum(t.nbytes for t in vars(obj).values() if isinstance(t, torch.Tensor))
+
+
 def bytes_per_token(num_kv_heads: int, num_layers: int, indexer_method: str) -> float:
     """Pool bytes per token slot, cache plus block summaries (for SGLang's memory planner)."""
     one_page = BlockSummaries(1, num_kv_heads, "cpu", minmax=indexer_method == "quest")
-    summary_bytes = sum(t.nbytes for t in vars(one_page).values() if isinstance(t, torch.Tensor))
-    return num_layers * (num_kv_heads * fmt.BYTES_PER_TOKEN_PER_HEAD + summary_bytes / fmt.PAGE_SIZE)
+    return num_layers * (num_kv_heads * fmt.BYTES_PER_TOKEN_PER_HEAD + _tensor_bytes(one_page) / fmt.PAGE_SIZE)
 
 
 class NVFP4TokenToKVPool(MHATokenToKVPool):
@@ -82,8 +86,7 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
 
     def get_kv_size_bytes(self):
         k_bytes, v_bytes = super().get_kv_size_bytes()
-        summaries = sum(t.nbytes for s in self.indexer.summaries for t in vars(s).values() if isinstance(t, torch.Tensor))
-        return k_bytes + summaries, v_bytes
+        return k_bytes + sum(_tensor_bytes(s) for s in self.indexer.summaries), v_bytes
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
                       layer_id_override=None, dcp_kv_mask=None):
