@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(0)
     model = make_tiny_model(os.path.join(args.workdir, "tiny-model"), kv_heads=1, layers=2)
-    print(f"tiny model (GraniteForCausalLM, 16 query heads / 1 KV head, head_dim 128): {model}")
+    print(f"tiny model (GraniteForCausalLM, 16 query heads / 1 KV head, head_dim 128, random weights: its text is noise): {model}")
     long_prompt = " ".join(rng.choice(WORDS) for _ in range(3000))
     shared = " ".join(rng.choice(WORDS) for _ in range(1500))
     requests = [("long prompt", long_prompt), ("shared prefix A", shared + " key value"),
