@@ -331,3 +331,24 @@ def test_configuration_defaults_and_values():
     cfg = load_config({"NVFP4_SPARSE_TOPK": "8", "NVFP4_SPARSE_DENSE_LAYERS": "0,2", "NVFP4_SPARSE_INDEXER": "mean"})
     assert cfg.topk == 8 and cfg.is_dense_layer(2) and not cfg.is_dense_layer(1) and cfg.indexer == "mean"
     assert load_config({"NVFP4_SPARSE_DENSE_LAYERS": "all"}).is_dense_layer(7)
+
+
+def test_tensor_parallel_head_shards_concatenate_to_the_single_rank_output():
+    """Each TP rank holds H/tp query heads and Hkv/tp KV heads with its own pool and indexer state;
+    sharding one layer two ways must reproduce the single-rank output head for head."""
+    n, tp = 2600, 2  # 21 blocks: the indexer really selects
+    full = Harness(num_heads=32, num_kv_heads=2, seed=7)
+    ranks = [Harness(num_heads=16, num_kv_heads=1, seed=7) for _ in range(tp)]
+    pages = full.take_pages(21)
+    q, k, v = full.qkv(n)
+    fb_args = (ForwardMode.EXTEND, [0], [n], [n])
+    full.map_request(0, pages, n)
+    want = full.forward(full.batch(*fb_args), q, k, v).view(n, 32, 128)
+    outs = []
+    for rank, h in enumerate(ranks):
+        h.map_request(0, pages, n)
+        heads = slice(rank * 16 * 128, (rank + 1) * 16 * 128)
+        kv = slice(rank * 128, (rank + 1) * 128)
+        outs.append(h.forward(h.batch(*fb_args), q[:, heads].contiguous(), k[:, kv].contiguous(),
+                              v[:, kv].contiguous()).view(n, 16, 128))
+    assert torch.equal(torch.cat(outs, dim=1), want)
