@@ -178,6 +178,3 @@ class NVFP4SparseAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kernels.sparse_decode, kwargs)
-
-    def support_triton(self):
-        return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
 from .. import format as fmt
@@ -54,7 +55,7 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
             raise ValueError(f"nvfp4_sparse: page size {self.page_size} is not supported, use --page-size {fmt.PAGE_SIZE}")
         config = load_config()
         self.num_pages = -(-(self.size + self.page_size) // fmt.PAGE_SIZE)
-        with self.memory_saver_adapter.region("kv_cache"):
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.kv_cache = [fmt.alloc_cache(self.num_pages, self.head_num, self.device) for _ in range(self.layer_num)]
             self.indexer = SummaryIndexer(
                 self.layer_num, self.num_pages, self.head_num, self.device, method=config.indexer,
