@@ -5,14 +5,12 @@ this module leaves no triton state behind for the modules that run after it."""
 
 import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from problems import make_problem
+from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import BlockSummaries, aggregate_queries, select_blocks
 from test_indexer import exact_problem, request_slots
@@ -155,11 +153,7 @@ else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
     def test_kernels_under_the_triton_interpreter():
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                              cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        assert "3 passed" in proc.stdout, proc.stdout[-2000:]
+        run_module_interpreted(__file__, 3, timeout=900)
 
     @pytest.mark.gpu
     @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA/ROCm device")

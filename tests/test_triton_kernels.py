@@ -10,16 +10,14 @@ test_kernels_gpu.py. The dispatcher's device logic needs no kernels and is teste
 
 import importlib.util
 import os
-import re
-import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from problems import make_problem, random_topk
+from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
 from sglang_nvfp4.reference import sparse_prefill_reference
@@ -181,12 +179,7 @@ else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
     def test_kernels_under_the_triton_interpreter():
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                              cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        summary = proc.stdout.strip().splitlines()[-1]
-        assert re.match(rf"{INTERPRETED_TESTS} passed in ", summary), proc.stdout[-3000:]
+        run_module_interpreted(__file__, INTERPRETED_TESTS, timeout=1200)
 
     @pytest.mark.parametrize("field, bad", [
         ("slots", lambda s, k, v: (s.float(), k, v)),
