@@ -1,0 +1,9 @@
+"""Quality harness: a small retrieval model trained here, served by SGLang dense and with ``nvfp4_sparse``.
+
+* :mod:`.task`: the key-value retrieval task (documents, evaluation prompts, tokenizer).
+* :mod:`.model`: the decoder in plain PyTorch, computing what SGLang's ``GraniteForCausalLM`` computes.
+* :mod:`.train`: ``python -m sglang_nvfp4.quality.train --out DIR`` (GPU or CPU).
+* :mod:`.evaluate`: ``python -m sglang_nvfp4.quality.evaluate --model DIR --out OUT`` (real SGLang servers).
+
+``tests/test_quality_gate.py`` is the CI regression gate built on these.
+"""

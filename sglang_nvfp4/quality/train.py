@@ -1,0 +1,153 @@
+"""Train the retrieval model (:mod:`.model`) on the key-value task (:mod:`.task`) and save it in Hugging
+Face format.
+
+``python -m sglang_nvfp4.quality.train --out DIR [--device cuda] [--steps 3000]``
+
+Loss: cross-entropy on query values only (every other token is random filler). Context lengths grow
+during training (``--lengths``): the next one unlocks when query accuracy at the longest unlocked length
+reaches ``--advance-at``; every step holds about ``--tokens-per-step`` tokens. AdamW, linear warm-up,
+constant, cosine decay over the last ``--decay-fraction``; bf16 autocast on CUDA. The
+dense accuracy of the saved model on held-out prompts is measured at the end and stored in
+``training.json`` with the wall time and arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import task
+from .model import ModelConfig, RetrievalLM, save_hf
+
+EVAL_SEED = 1_000_003  # held-out prompts: a seed training never uses
+
+
+def batch(rng: np.random.Generator, length: int, size: int, device, max_gap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` documents of ``length`` tokens, each with a mean event gap drawn from ``[2, max_gap]``:
+    dense documents make copying any value from the context a poor strategy, which pushes the model to
+    key-conditioned lookup early."""
+    docs = [task.make_document(rng, length, mean_gap=int(rng.integers(2, max_gap + 1))) for _ in range(size)]
+    tokens = torch.from_numpy(np.stack([d.tokens for d in docs])).to(device)
+    labels = torch.from_numpy(np.stack([d.labels for d in docs])).to(device)
+    return tokens, labels
+
+
+@torch.no_grad()
+def dense_accuracy(model: RetrievalLM, prompts, device, batch_size: int = 8) -> float:
+    """Fraction of ``prompts`` whose argmax next token after ``<q> KEY`` is the value (plain PyTorch)."""
+    model.eval()
+    hits = 0
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        groups: dict[int, list] = {}
+        for p in chunk:
+            groups.setdefault(len(p.tokens), []).append(p)
+        for group in groups.values():
+            tokens = torch.from_numpy(np.stack([p.tokens for p in group])).to(device)
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                                enabled=torch.device(device).type == "cuda"):
+                logits = model(tokens)[:, -1]
+            hits += sum(int(a == p.answer) for a, p in zip(logits.argmax(-1).tolist(), group))
+    model.train()
+    return hits / max(1, len(prompts))
+
+
+def lr_at(step: int, progress: float, peak: float, warmup: int, decay_fraction: float) -> float:
+    """Linear warm-up over ``warmup`` steps, constant, then cosine decay to 0 over the last
+    ``decay_fraction`` of the run."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    start = 1.0 - decay_fraction
+    if progress <= start:
+        return peak
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - start) / decay_fraction)))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--tokens-per-step", type=int, default=65536)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--hidden-size", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--intermediate-size", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--advance-at", type=float, default=0.9, help="query accuracy that unlocks the next length")
+    ap.add_argument("--decay-fraction", type=float, default=0.2)
+    ap.add_argument("--max-gap", type=int, default=task.MEAN_EVENT_GAP, help="largest mean event gap of a training document")
+    ap.add_argument("--time-limit", type=float, default=float("inf"), help="stop after this many seconds")
+    ap.add_argument("--eval-per-length", type=int, default=64)
+    ap.add_argument("--log-every", type=int, default=50)
+    args = ap.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    cfg = ModelConfig(hidden_size=args.hidden_size, layers=args.layers, intermediate_size=args.intermediate_size,
+                      max_position_embeddings=max(32768, max(args.lengths)))
+    model = RetrievalLM(cfg).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    use_bf16 = torch.device(args.device).type == "cuda"
+    lengths = sorted(args.lengths)
+    t0 = time.perf_counter()
+    history, advances = [], []
+    level, ema, steps_run = 0, 0.0, 0
+    for step in range(args.steps):
+        # With --time-limit, progress is the larger of the step and the time fraction.
+        progress = max(step / args.steps, (time.perf_counter() - t0) / args.time_limit)
+        if progress >= 1.0:
+            print(f"time limit reached after {step} steps", flush=True)
+            break
+        # Curriculum: every other step at the longest unlocked length, the rest at a shorter one; the next
+        # length unlocks once query accuracy at the longest (EMA over steps) reaches --advance-at.
+        at_level = step % 2 == 0
+        length = lengths[level] if at_level else lengths[int(rng.integers(level + 1))]
+        tokens, labels = batch(rng, length, max(1, args.tokens_per_step // length), args.device, args.max_gap)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, progress, args.lr, args.warmup, args.decay_fraction)
+        with torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(tokens)
+        mask = labels != task.IGNORE
+        picked = logits[mask].float()
+        loss = F.cross_entropy(picked, labels[mask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        steps_run = step + 1
+        acc = (picked.argmax(-1) == labels[mask]).float().mean().item()
+        if at_level:
+            ema = 0.9 * ema + 0.1 * acc
+            if ema >= args.advance_at and level < len(lengths) - 1:
+                level, ema = level + 1, 0.0
+                advances.append({"step": step, "length": lengths[level], "elapsed_s": round(time.perf_counter() - t0, 1)})
+                print(f"unlocked length {lengths[level]} at step {step}", flush=True)
+        if step % args.log_every == 0:
+            row = {"step": step, "length": length, "loss": round(loss.item(), 4), "query_acc": round(acc, 4),
+                   "level_ema": round(ema, 3), "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.perf_counter() - t0, 1)}
+            history.append(row)
+            print(row, flush=True)
+    train_s = time.perf_counter() - t0
+    accuracy = {}
+    for length in lengths:
+        prompts = task.make_prompts(EVAL_SEED, [length], [0.0, 0.25, 0.5, 0.75, 1.0],
+                                    max(1, args.eval_per_length // 5))
+        accuracy[str(length)] = dense_accuracy(model, prompts, args.device)
+        print(f"dense accuracy at {length}: {accuracy[str(length)]:.3f}", flush=True)
+    device_name = torch.cuda.get_device_name(args.device) if use_bf16 else "cpu"
+    save_hf(model, args.out, {"args": vars(args), "steps_run": steps_run, "length_unlocks": advances, "train_seconds": round(train_s, 1),
+                              "device": device_name, "dense_accuracy_pytorch": accuracy, "history": history,
+                              "date": time.strftime("%Y-%m-%d")})
+    print(f"saved {args.out} ({train_s:.0f} s of training)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
