@@ -4,7 +4,8 @@ GraniteForCausalLM (Llama-like; its MLP needs no CuTe-DSL kernels, so it also se
 bundle host) with the backend's attention shape: 16 query heads per KV head, head_dim 128. A
 byte-level BPE tokenizer is trained on a small synthetic corpus with ``tokenizers``.
 
-``python -m sglang_nvfp4.tiny_model OUT_DIR [--kv-heads 1] [--layers 2] [--seed 0]``
+``python -m sglang_nvfp4.tiny_model OUT_DIR [--kv-heads 1] [--layers 2] [--seed 0] [--hidden-size 256]
+[--heads-per-kv 16] [--context-len 16384] [--vocab-size 512] [--no-weights]``
 """
 
 from __future__ import annotations
@@ -80,15 +81,18 @@ def make_tiny_model(out_dir: str, *, kv_heads: int = 1, layers: int = 2, heads_p
         return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
 
     # Scales chosen so that attention moves the logits (its output is as large as the embedding)
-    # and next-token distributions are peaked but not one-hot.
+    # and next-token distributions are peaked but not one-hot. The q/k and lm_head scales are set
+    # for hidden_size 256 and scaled by sqrt(256 / hidden_size) (1 at the default), so that
+    # attention scores and logits keep those statistics at other widths.
+    width = (256 / hidden_size) ** 0.5
     tensors = {"model.embed_tokens.weight": rand(VOCAB_SIZE, hidden_size, std=1.0),
-               "lm_head.weight": rand(VOCAB_SIZE, hidden_size, std=0.15),
+               "lm_head.weight": rand(VOCAB_SIZE, hidden_size, std=0.15 * width),
                "model.norm.weight": torch.ones(hidden_size, dtype=torch.bfloat16)}
     for i in range(layers):
         p = f"model.layers.{i}."
         tensors.update({
-            p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden_size, std=0.1),
-            p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden_size, std=0.1),
+            p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden_size, std=0.1 * width),
+            p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden_size, std=0.1 * width),
             p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden_size, std=hidden_size**-0.5),
             p + "self_attn.o_proj.weight": rand(hidden_size, heads * head_dim, std=(heads * head_dim) ** -0.5),
             p + "mlp.gate_proj.weight": rand(inter, hidden_size),
@@ -107,8 +111,15 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=1)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden-size", type=int, default=256)
+    ap.add_argument("--heads-per-kv", type=int, default=16)
+    ap.add_argument("--context-len", type=int, default=16384)
+    ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="above the tokenizer's only with --no-weights")
+    ap.add_argument("--no-weights", action="store_true", help="config and tokenizer only (for --load-format dummy)")
     args = ap.parse_args()
-    print(make_tiny_model(args.out_dir, kv_heads=args.kv_heads, layers=args.layers, seed=args.seed))
+    print(make_tiny_model(args.out_dir, kv_heads=args.kv_heads, layers=args.layers, seed=args.seed,
+                          hidden_size=args.hidden_size, heads_per_kv=args.heads_per_kv, context_len=args.context_len,
+                          weights=not args.no_weights, vocab_size=args.vocab_size))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""Tensor parallelism end to end (issue 9): ``nvfp4_sparse`` served at ``--tp-size 1`` and ``--tp-size 2``
+on the same model with real random weights, same prompts, same flags. Writes ``tp.json`` (after every
+request group, so a timeout still leaves numbers) and the server logs under ``--out``.
+
+* Model: GraniteForCausalLM, 64 query / 4 KV heads, head_dim 128 (``--hidden-size`` 1024, ``--layers``
+  4), random weights written to disk (``sglang_nvfp4.tiny_model``): every rank loads its shard of the
+  same tensors, unlike ``--load-format dummy`` which initialises each rank's shard independently.
+* Per server: a warm-up (not recorded), then each prompt of ``--short-lens`` (<= 2048 tokens: every
+  block attended, dense-equivalent) and ``--long-lens`` (sparse: more than TOPK blocks) alone, greedy,
+  ``--max-new-tokens`` tokens with logprobs and latency; then two loads sent as one batched /generate
+  call each: prefill-heavy (``--prefill-batch`` prompts of ``--prefill-len`` tokens, 1 new token) and
+  decode-heavy (``--decode-batch`` prompts of ``--decode-len`` tokens, ``--decode-new`` new tokens,
+  ignore EOS), timed as total tokens / wall time of the call.
+* Agreement of tp2 against tp1 (and, with ``--dense-ref``, of ``triton`` at the largest TP size
+  against ``nvfp4_sparse``): first token equal, all tokens equal, leading tokens equal, |delta
+  logprob| of the first token and over the common leading tokens. Random weights make next-token
+  distributions flat, so greedy paths may part after one flip: the numbers are what they are.
+
+Prompts are random words of the tiny tokenizer's corpus (one token per word). ``--tp-size N > 1``
+runs with ``--disable-custom-all-reduce`` (NCCL only; ``--custom-all-reduce`` to keep SGLang's
+kernel). The script stops starting servers when less than ``--min-server-s`` of ``--budget-s`` is
+left, so it ends inside one 10-minute device call.
+
+``python bench/bench_tp.py --out DIR`` (2 GPUs, SGLang; see bench/gpu_tp.sh for the host set-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import statistics
+import sys
+import time
+
+from bench_e2e import COMMON_SERVER_ARGS, WORDS, log, watch_server_pgid
+
+from sglang_nvfp4.local_server import LocalServer, cuda_available
+from sglang_nvfp4.tiny_model import make_tiny_model
+
+
+def _text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def _stats(values: list) -> dict:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "mean": statistics.fmean(values), "median": statistics.median(values),
+            "max": max(values)}
+
+
+def agreement(a_rows: list, b_rows: list) -> dict:
+    """``a`` against ``b`` over the requests both have, by name, per group (short / long)."""
+    b_by = {r["name"]: r for r in b_rows if r.get("tokens")}
+    out = {}
+    for group in ("short", "long"):
+        pairs = [(a, b_by[a["name"]]) for a in a_rows if a.get("tokens") and a["group"] == group and a["name"] in b_by]
+        if not pairs:
+            continue
+        lead, first_d, lead_d = [], [], []
+        for a, b in pairs:
+            n = 0
+            while n < min(len(a["tokens"]), len(b["tokens"])) and a["tokens"][n] == b["tokens"][n]:
+                n += 1
+            lead.append(n)
+            first_d.append(abs(a["logprobs"][0] - b["logprobs"][0]))
+            # up to and including the first differing token, both saw the same context
+            k = min(n + 1, len(a["logprobs"]), len(b["logprobs"]))
+            lead_d += [abs(x - y) for x, y in zip(a["logprobs"][:k], b["logprobs"][:k])]
+        out[group] = {
+            "prompts": len(pairs),
+            "first_token_equal": sum(a["tokens"][0] == b["tokens"][0] for a, b in pairs),
+            "all_tokens_equal": sum(a["tokens"] == b["tokens"] for a, b in pairs),
+            "leading_tokens_equal": lead,
+            "new_tokens": [len(a["tokens"]) for a, _ in pairs],
+            "first_logprob_abs_delta": _stats(first_d),
+            "first_logprob_abs_delta_each": first_d,
+            "common_context_logprob_abs_delta": _stats(lead_d),
+            "names": [a["name"] for a, _ in pairs],
+        }
+    return out
+
+
+def run_server(tag: str, model: str, backend: str, tp: int, prompts: list, loads: dict, args, deadline: float,
+               entry: dict, save) -> None:
+    extra = [*shlex.split(args.server_args), "--tp-size", str(tp)]
+    if tp > 1 and not args.custom_all_reduce:
+        extra.append("--disable-custom-all-reduce")
+    entry.update(backend=backend, tp=tp, server_args=extra, requests=[], loads={})
+    log_path = os.path.join(args.out, f"server_{tag}.log")
+    srv = LocalServer(model, backend, extra_args=extra, log_path=log_path,
+                      startup_timeout=max(30.0, min(args.startup_timeout, deadline - time.monotonic() - 60)))
+    watch_server_pgid(srv, args.out)  # gpu_tp.sh ends the group if this script is killed outright
+    log(f"{tag}: starting ({' '.join(extra)})")
+    t0 = time.perf_counter()
+
+    def post(payload: dict):
+        return srv.post("/generate", payload, timeout=max(10.0, min(args.request_timeout, deadline - time.monotonic())))
+
+    try:
+        srv.start()
+        entry["startup_s"] = time.perf_counter() - t0
+        log(f"{tag}: up after {entry['startup_s']:.1f} s")
+        save()
+        # warm-up: Triton JIT of the dense and sparse paths and of a small batch; not recorded
+        t1 = time.perf_counter()
+        rng = random.Random(99)
+        post({"text": _text(rng, 1500), "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        post({"text": _text(rng, args.warmup_long_len), "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        post({"text": [_text(rng, 600) for _ in range(4)],
+              "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}})
+        entry["warmup_s"] = time.perf_counter() - t1
+        for p in prompts:
+            t1 = time.perf_counter()
+            r = post({"text": p["text"], "return_logprob": True,
+                      "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0.0}})
+            meta = r["meta_info"]
+            entry["requests"].append({
+                "name": p["name"], "group": p["group"], "latency_s": time.perf_counter() - t1,
+                "prompt_tokens": meta["prompt_tokens"], "cached_tokens": meta.get("cached_tokens"),
+                "tokens": [t[1] for t in meta["output_token_logprobs"]],
+                "logprobs": [t[0] for t in meta["output_token_logprobs"]]})
+            log(f"  {tag} {p['name']}: {meta['prompt_tokens']} tokens, {entry['requests'][-1]['latency_s']:.3f} s")
+            save()
+        for name, load in loads.items():
+            t1 = time.perf_counter()
+            rs = post({"text": load["texts"], "sampling_params": load["sampling_params"]})
+            wall = time.perf_counter() - t1
+            pt = sum(r["meta_info"]["prompt_tokens"] for r in rs)
+            ct = sum(r["meta_info"]["completion_tokens"] for r in rs)
+            cached = sum(r["meta_info"].get("cached_tokens") or 0 for r in rs)
+            entry["loads"][name] = {"requests": len(rs), "wall_s": wall, "prompt_tokens": pt, "cached_tokens": cached,
+                                    "completion_tokens": ct, "prompt_tok_s": pt / wall, "output_tok_s": ct / wall,
+                                    "total_tok_s": (pt + ct) / wall}
+            log(f"  {tag} {name}: {len(rs)} requests, {pt} prompt + {ct} new tokens in {wall:.2f} s "
+                f"({pt / wall:,.0f} prompt tok/s, {ct / wall:,.0f} new tok/s)")
+            save()
+    except Exception as e:  # keep what this server answered; the failure is recorded
+        entry["error"] = repr(e)[:3000]
+        log(f"{tag} failed: {e!r}"[:600])
+    finally:
+        entry["returncode"] = srv.stop()
+        text = srv.log_tail(50_000_000) if os.path.exists(log_path) else ""
+        caps = [int(v) for v in re.findall(r"max_total_num_tokens=(\d+)", text)]
+        entry["max_total_num_tokens"] = caps[-1] if caps else None
+        entry["traceback_in_log"] = "Traceback" in text
+        entry["log_tail"] = text[-3000:]
+        entry["wall_s"] = time.perf_counter() - t0
+        save()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2],
+                    help="TP sizes for nvfp4_sparse (the first is the reference)")
+    ap.add_argument("--dense-ref", action="store_true", help="also triton at the largest TP size (if time is left)")
+    ap.add_argument("--hidden-size", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--heads-per-kv", type=int, default=16)
+    ap.add_argument("--context-len", type=int, default=65536)
+    ap.add_argument("--short-lens", type=int, nargs="+", default=[200, 500, 800, 1100, 1400, 1700, 2000],
+                    help="words = tokens; <= 2032 stays within TOPK blocks with the new tokens")
+    ap.add_argument("--long-lens", type=int, nargs="+", default=[8192, 12288, 16384, 24576, 32768])
+    ap.add_argument("--warmup-long-len", type=int, default=4096)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--prefill-batch", type=int, default=8)
+    ap.add_argument("--prefill-len", type=int, default=8192)
+    ap.add_argument("--decode-batch", type=int, default=64)
+    ap.add_argument("--decode-len", type=int, default=1024)
+    ap.add_argument("--decode-new", type=int, default=128)
+    ap.add_argument("--server-args", default=" ".join(COMMON_SERVER_ARGS),
+                    help="SGLang server arguments of every run, one string given with '=' (default: %(default)s)")
+    ap.add_argument("--custom-all-reduce", action="store_true",
+                    help="keep SGLang's custom all-reduce kernel at tp > 1 (default: --disable-custom-all-reduce)")
+    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument("--request-timeout", type=float, default=180.0)
+    ap.add_argument("--budget-s", type=float, default=500.0, help="total time this script may take (default 500)")
+    ap.add_argument("--min-server-s", type=float, default=120.0,
+                    help="start another server only with at least this much of the budget left")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    os.makedirs(args.out, exist_ok=True)
+    results = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "budget_s": args.budget_s}
+    if cuda_available():
+        import torch
+
+        results["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        results["torch"] = torch.__version__
+        if max(args.tp) > torch.cuda.device_count():
+            log(f"warning: --tp {max(args.tp)} but {torch.cuda.device_count()} GPU(s) visible")
+
+    def save() -> None:
+        tmp = os.path.join(args.out, "tp.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, os.path.join(args.out, "tp.json"))
+
+    t0 = time.perf_counter()
+    model = make_tiny_model(os.path.join(args.out, "model"), kv_heads=args.kv_heads, layers=args.layers,
+                            heads_per_kv=args.heads_per_kv, hidden_size=args.hidden_size, context_len=args.context_len,
+                            seed=0)
+    results["model"] = {"architecture": "GraniteForCausalLM", "query_heads": args.kv_heads * args.heads_per_kv,
+                        "kv_heads": args.kv_heads, "head_dim": 128, "hidden_size": args.hidden_size,
+                        "layers": args.layers, "vocab_size": 512, "context_len": args.context_len,
+                        "weights": "random, written to disk (seed 0)", "make_s": time.perf_counter() - t0}
+    log(f"model written in {results['model']['make_s']:.1f} s: {model}")
+    rng = random.Random(0)
+    prompts = [{"name": f"short_{n}", "group": "short", "text": _text(rng, n)} for n in args.short_lens]
+    prompts += [{"name": f"long_{n}", "group": "long", "text": _text(rng, n)} for n in args.long_lens]
+    rng = random.Random(1)
+    loads = {
+        "prefill_heavy": {"texts": [_text(rng, args.prefill_len) for _ in range(args.prefill_batch)],
+                          "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}},
+        "decode_heavy": {"texts": [_text(rng, args.decode_len) for _ in range(args.decode_batch)],
+                         "sampling_params": {"max_new_tokens": args.decode_new, "temperature": 0.0,
+                                             "ignore_eos": True}},
+    }
+    results["prompts"] = [{"name": p["name"], "group": p["group"], "words": len(p["text"].split())} for p in prompts]
+    results["loads"] = {k: {"requests": len(v["texts"]), "words_each": len(v["texts"][0].split()),
+                            "sampling_params": v["sampling_params"]} for k, v in loads.items()}
+    runs = results["runs"] = {}
+    plan = [("nvfp4_sparse", tp) for tp in args.tp]
+    if args.dense_ref:
+        plan.append(("triton", max(args.tp)))
+    try:
+        for backend, tp in plan:
+            tag = f"{backend}_tp{tp}"
+            while tag in runs:  # the same configuration twice (a determinism check): a second tag
+                tag += "_again"
+            left = deadline - time.monotonic()
+            if left < args.min_server_s:
+                runs[tag] = {"backend": backend, "tp": tp, "skipped": f"time budget: {left:.0f} s left"}
+                log(f"{tag}: skipped, {left:.0f} s of the budget left")
+                save()
+                continue
+            runs[tag] = {}
+            run_server(tag, model, backend, tp, prompts, loads, args, deadline, runs[tag], save)
+    finally:
+        ref = f"nvfp4_sparse_tp{args.tp[0]}"
+        agree = results["agreement"] = {}
+        for tag, run in runs.items():
+            if tag != ref and run.get("requests") and runs.get(ref, {}).get("requests"):
+                agree[f"{tag}_vs_{ref}"] = agreement(run["requests"], runs[ref]["requests"])
+        dense = f"triton_tp{max(args.tp)}"
+        sparse_same_tp = f"nvfp4_sparse_tp{max(args.tp)}"
+        if (dense in runs and sparse_same_tp != ref and runs[dense].get("requests")
+                and runs.get(sparse_same_tp, {}).get("requests")):
+            agree[f"{dense}_vs_{sparse_same_tp}"] = agreement(runs[dense]["requests"], runs[sparse_same_tp]["requests"])
+        speed = results["throughput_vs_" + ref] = {}
+        for tag, run in runs.items():
+            if tag != ref and run.get("loads") and runs.get(ref, {}).get("loads"):
+                speed[tag] = {name: {k: load[k] / runs[ref]["loads"][name][k]
+                                     for k in ("prompt_tok_s", "output_tok_s", "total_tok_s")
+                                     if runs[ref]["loads"][name].get(k)}
+                              for name, load in run["loads"].items() if name in runs[ref]["loads"]}
+        results["wall_s"] = time.perf_counter() - t0
+        save()
+        for name, a in agree.items():
+            for group, g in a.items():
+                log(f"{name} {group}: first token equal {g['first_token_equal']}/{g['prompts']}, all equal "
+                    f"{g['all_tokens_equal']}/{g['prompts']}, leading equal {g['leading_tokens_equal']}, "
+                    f"first |dlogprob| mean {g['first_logprob_abs_delta'].get('mean', float('nan')):.4f}")
+        for tag, s in speed.items():
+            log(f"{tag} / {ref} throughput: " + ", ".join(f"{n} {v.get('total_tok_s', float('nan')):.2f}x"
+                                                         for n, v in s.items()))
+        log("done")
+
+
+if __name__ == "__main__":
+    main()
