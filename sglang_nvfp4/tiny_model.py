@@ -48,6 +48,23 @@ def _write_tokenizer(out_dir: str, seed: int) -> None:
     fast.save_pretrained(out_dir)
 
 
+def granite_config(*, vocab_size: int, hidden_size: int, intermediate_size: int, layers: int, heads: int,
+                   kv_heads: int, head_dim: int, context_len: int, rope_theta: float = 10000.0,
+                   rms_norm_eps: float = 1e-5) -> dict:
+    """``config.json`` of a GraniteForCausalLM with neutral multipliers (attention scale head_dim ** -0.5, as
+    a plain Llama), untied LM head, no biases, bf16; special tokens bos 0, eos 1, pad 2."""
+    return {
+        "architectures": ["GraniteForCausalLM"], "model_type": "granite",
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": context_len,
+        "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "attention_multiplier": head_dim**-0.5, "embedding_multiplier": 1.0,
+        "residual_multiplier": 1.0, "logits_scaling": 1.0, "attention_bias": False, "mlp_bias": False,
+        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    }
+
+
 def make_tiny_model(out_dir: str, *, kv_heads: int = 1, layers: int = 2, heads_per_kv: int = 16,
                     hidden_size: int = 256, context_len: int = 16384, seed: int = 0, weights: bool = True,
                     vocab_size: int = VOCAB_SIZE) -> str:
@@ -61,16 +78,8 @@ def make_tiny_model(out_dir: str, *, kv_heads: int = 1, layers: int = 2, heads_p
     os.makedirs(out_dir, exist_ok=True)
     _write_tokenizer(out_dir, seed)
     heads, head_dim, inter = heads_per_kv * kv_heads, 128, 2 * hidden_size
-    config = {
-        "architectures": ["GraniteForCausalLM"], "model_type": "granite",
-        "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": inter,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": context_len,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "attention_multiplier": head_dim**-0.5, "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
-        "logits_scaling": 1.0, "attention_bias": False, "mlp_bias": False,
-        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-    }
+    config = granite_config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=inter, layers=layers,
+                            heads=heads, kv_heads=kv_heads, head_dim=head_dim, context_len=context_len)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     if not weights:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tiny_model import granite_config
 from . import task
 
 
@@ -37,19 +38,12 @@ class ModelConfig:
         return self.kv_heads * self.heads_per_kv
 
     def hf_config(self) -> dict:
-        """``config.json`` for SGLang / transformers (GraniteForCausalLM; multipliers are neutral except
-        the attention scale, which is head_dim ** -0.5 as in a plain Llama)."""
-        return {
-            "architectures": ["GraniteForCausalLM"], "model_type": "granite", "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim, "hidden_act": "silu",
-            "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "attention_multiplier": self.head_dim**-0.5, "embedding_multiplier": 1.0,
-            "residual_multiplier": 1.0, "logits_scaling": 1.0, "attention_bias": False, "mlp_bias": False,
-            "bos_token_id": task.BOS, "eos_token_id": task.EOS, "pad_token_id": task.PAD,
-        }
+        """``config.json`` for SGLang / transformers (GraniteForCausalLM, as :func:`~sglang_nvfp4.tiny_model.granite_config`)."""
+        return granite_config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                              intermediate_size=self.intermediate_size, layers=self.layers, heads=self.heads,
+                              kv_heads=self.kv_heads, head_dim=self.head_dim,
+                              context_len=self.max_position_embeddings, rope_theta=self.rope_theta,
+                              rms_norm_eps=self.rms_norm_eps)
 
 
 class RMSNorm(nn.Module):
