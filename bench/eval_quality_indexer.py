@@ -25,10 +25,11 @@ import time
 import numpy as np
 import torch
 
+from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.quality import task
 from sglang_nvfp4.quality.model import dense_causal_attention, load_hf
 
-BLOCK = 128
+BLOCK = fmt.PAGE_SIZE  # one indexer block is one cache page
 
 
 def block_scores(q: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .. import format as fmt
 from ..local_server import LocalServer, cuda_available
 from . import task
 
@@ -73,7 +74,7 @@ def run_setting(model_dir: str, setting: Setting, prompts, *, out_dir: str, batc
     # A fixed pool (--max-total-tokens) instead of a memory fraction: several servers share a GPU, and
     # the pool only needs one batch of prompts. Decode CUDA graphs are off: every request is prefill only.
     longest = max(len(p.tokens) for p in prompts)
-    args = ["--page-size", "128", "--disable-cuda-graph", "--context-length", str(longest + 8),
+    args = ["--page-size", str(fmt.PAGE_SIZE), "--disable-cuda-graph", "--context-length", str(longest + 8),
             "--max-total-tokens", str(max(batch * (longest + 256), 65536)), *extra_args]
     rows = []
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import format as fmt
 from ..tiny_model import granite_config
 from . import task
 
@@ -26,7 +27,7 @@ class ModelConfig:
     layers: int = 2
     kv_heads: int = 1
     heads_per_kv: int = 16
-    head_dim: int = 128
+    head_dim: int = fmt.HEAD_DIM
     intermediate_size: int = 512
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 32768

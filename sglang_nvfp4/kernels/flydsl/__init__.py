@@ -16,17 +16,15 @@ block up to the token's own is a valid page. Selected blocks after the token's o
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from ... import format as fmt
-from .geometry import HG, TOK_PER_WG, TOPK
+from .geometry import HG, LOG2E, TOK_PER_WG, TOPK
 
 __all__ = ["is_available", "supports", "sparse_prefill", "ARCH"]
 
 ARCH = "gfx950"
-LOG2E = math.log2(math.e)
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,6 @@ exactly by :mod:`.twin`.
 """
 
 
-import math
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -44,7 +43,6 @@ from .geometry import (
     v_scale_byte,
 )
 
-LOG2E = math.log2(math.e)
 IO_DTYPES = ("bf16", "f16")  # q / out element types the kernel reads and writes
 ROW_BYTES_IO = D * 2  # one head's 128 bf16/fp16 values
 

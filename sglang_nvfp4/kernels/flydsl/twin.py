@@ -13,7 +13,6 @@ not modelled), ``v_exp_f32`` as fp32 ``exp2`` and ``fma`` as a float64 multiply-
 
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -23,6 +22,7 @@ from .geometry import (
     BLK,
     HG,
     KPW,
+    LOG2E,
     NDT,
     NKS,
     NW,
@@ -37,7 +37,6 @@ from .geometry import (
     v_scale_byte,
 )
 
-LOG2E = math.log2(math.e)
 
 _LANE = torch.arange(64)
 _N, _G = _LANE % 16, _LANE // 16  # lane (n, g)
