@@ -4,9 +4,12 @@
 # e2e.png, log.txt and logs.tgz (every server / one_batch / offline log and raw result file) land in
 # $OUT: 4 files, under the device tool's 8-file limit.
 #   bash bench/gpu_e2e.sh [bench_e2e.py args...]      (bench_e2e.py stops itself at --budget-s, default 520 s)
+# Two runs side by side on a 2-GPU host, one per GPU, each in its own folder ($OUT/TAG, /tmp/nvfp4-e2e-TAG):
+#   CUDA_VISIBLE_DEVICES=0 E2E_TAG=a bash bench/gpu_e2e.sh ... & CUDA_VISIBLE_DEVICES=1 E2E_TAG=b bash bench/gpu_e2e.sh ... & wait
+# (unpack the bundle first, `source bench/gpu_setup.sh`, so that the two do not unpack at once).
 set -o pipefail
-OUT=${OUT:-/tmp/nvfp4-e2e-out}
-WORK=/tmp/nvfp4-e2e
+OUT=${OUT:-/tmp/nvfp4-e2e-out}${E2E_TAG:+/$E2E_TAG}
+WORK=/tmp/nvfp4-e2e${E2E_TAG:+-$E2E_TAG}
 rm -rf "$WORK"
 mkdir -p "$WORK"
 source bench/gpu_setup.sh || exit 1
