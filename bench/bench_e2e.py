@@ -12,7 +12,9 @@ offline, server):
   ``--load-format dummy``, vocab 32000): prefill latency/throughput and decode throughput for every
   ``--batch-sizes`` x ``--input-lens`` pair (the config's context length is raised to cover the
   longest input + ``--output-len``), and ``max_total_num_tokens`` (KV capacity) at the same
-  ``--mem-fraction-static``. One child process per (model, backend) runs all its pairs; each pair's
+  ``--mem-fraction-static``. one_batch warms up on its first pair only, so the first pair of every
+  other batch size runs once untimed before its timed run (events ``batch_size_warmup``). One child
+  process per (model, backend) runs all its pairs; each pair's
   result is recorded as soon as it ends. A pair that runs out of GPU memory is recorded as ``oom``
   and the child goes on; any other error, or a pair running past ``--run-timeout``, ends the child
   (recorded with the tail of its log) and a fresh child runs the remaining pairs. ``torch_native``
@@ -27,7 +29,9 @@ offline, server):
   BPE tokenizer comes out ~1.46x longer (16384 -> ~24K tokens). Records SGLang's result line (output /
   input / total token throughput; input tokens count the radix-cached prefix tokens too) and the
   prefill tokens computed vs served from the radix cache (sums of the scheduler's log lines).
-  Its warm-up reads a ShareGPT-format file, written here from random words (no network).
+  SGLang's own warm-up (16 short requests, from a ShareGPT-format file written here from random words:
+  no network) is replaced by one untimed pass over the benchmark's own requests followed by
+  ``flush_cache``, so the timed pass compiles nothing and starts with an empty radix cache.
 * ``server``: a real server per backend on a tiny random-weight model (16 query / 1 KV head,
   head_dim 128; decode CUDA graphs on): 8 short prompts (<= 16 blocks, dense-equivalent: first greedy
   token and logprob agreement), one long prompt (more blocks than TOPK), two prompts sharing a
@@ -231,6 +235,7 @@ def one_batch_child(argv: list) -> None:
 
     original = ob.latency_test_run_once
     calls = [0]
+    warmed_batch_sizes = set()
 
     def emit(**event) -> None:
         with open(events_path, "a") as f:
@@ -246,6 +251,14 @@ def one_batch_child(argv: list) -> None:
         t0 = time.perf_counter()
         failure = None
         try:
+            if not warmup and batch_size not in warmed_batch_sizes:
+                # one_batch warms up its first pair only; the first pair of another batch size would time
+                # one-time costs (Triton compiling new shapes, allocator growth): an untimed run first.
+                fresh = ob.prepare_synthetic_inputs_for_latency_test(batch_size, input_len)
+                original(run_name, model_runner, rank_print, fresh, batch_size, input_len, min(32, output_len), *a, **k)
+                emit(event="batch_size_warmup", wall_s=time.perf_counter() - t0, **key)
+                t0 = time.perf_counter()
+            warmed_batch_sizes.add(batch_size)
             res = original(run_name, model_runner, rank_print, reqs, batch_size, input_len, output_len, *a, **k)
         except Exception as e:  # noqa: BLE001 - recorded, and the process ends unless it was out of memory
             oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
@@ -333,6 +346,9 @@ def one_batch_backend(out_dir, model_name, model_dir, backend, pairs, args, dead
                 key = (ev["batch_size"], ev["input_len"])
                 if ev["event"] == "start":
                     current, since = ev, time.monotonic()
+                    continue
+                if ev["event"] == "batch_size_warmup":  # the pair's untimed first run ended; the timed one follows
+                    entry.setdefault("batch_size_warmups", []).append(ev)
                     continue
                 current = None
                 if ev.get("warmup"):
@@ -447,8 +463,32 @@ def offline_child(argv: list) -> None:
 
         stub.load_dataset = load_dataset
         sys.modules["datasets"] = stub
+    import sglang.benchmark.offline_throughput as ot
+
     from sglang_nvfp4.bench_offline_throughput import main as offline_main
 
+    # SGLang's warm-up is 16 random 256-token requests, which leaves the long-context shapes (chunked
+    # prefill over a cached prefix, decode at 20K+ tokens) to compile inside the timed run. Warm up on
+    # the benchmark's own requests instead, then empty the radix cache so the timed run starts cold.
+    dataset, calls = [], [0]
+    original_get_dataset, original_once = ot.get_dataset, ot.throughput_test_once
+
+    def get_dataset(*a, **k):
+        dataset[:] = original_get_dataset(*a, **k)
+        return list(dataset)
+
+    def throughput_test_once(backend_name, backend, reqs, *a, **k):
+        calls[0] += 1
+        if calls[0] > 1:
+            return original_once(backend_name, backend, reqs, *a, **k)
+        t0 = time.perf_counter()
+        original_once(backend_name, backend, dataset, *a, **k)
+        backend.flush_cache()
+        print(f"bench_e2e warm-up: the benchmark's {len(dataset)} requests once, then flush_cache "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        return None
+
+    ot.get_dataset, ot.throughput_test_once = get_dataset, throughput_test_once
     sys.argv = ["sglang_nvfp4.bench_offline_throughput", *argv]
     offline_main()
 

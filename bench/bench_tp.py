@@ -7,14 +7,17 @@ request group, so a timeout still leaves numbers) and the server logs under ``--
   same tensors, unlike ``--load-format dummy`` which initialises each rank's shard independently.
 * Per server: a warm-up (not recorded), then each prompt of ``--short-lens`` (<= 2048 tokens: every
   block attended, dense-equivalent) and ``--long-lens`` (sparse: more than TOPK blocks) alone, greedy,
-  ``--max-new-tokens`` tokens with logprobs and latency; then two loads sent as one batched /generate
-  call each: prefill-heavy (``--prefill-batch`` prompts of ``--prefill-len`` tokens, 1 new token) and
-  decode-heavy (``--decode-batch`` prompts of ``--decode-len`` tokens, ``--decode-new`` new tokens,
-  ignore EOS), timed as total tokens / wall time of the call.
-* Agreement of tp2 against tp1 (and, with ``--dense-ref``, of ``triton`` at the largest TP size
-  against ``nvfp4_sparse``): first token equal, all tokens equal, leading tokens equal, |delta
-  logprob| of the first token and over the common leading tokens. Random weights make next-token
-  distributions flat, so greedy paths may part after one flip: the numbers are what they are.
+  ``--max-new-tokens`` tokens with logprobs and latency; then two loads, each sent as one batched
+  /generate call, once untimed and ``--repeats`` times timed, every repetition with its own prompts
+  (medians reported): prefill-heavy (``--prefill-batch`` prompts of ``--prefill-len`` tokens, 1 new
+  token) and decode-heavy (``--decode-batch`` prompts of ``--decode-len`` tokens, ``--decode-new``
+  new tokens, ignore EOS; the prompts are prefilled by an untimed call first, so the timed call finds
+  them in the radix cache and times decode).
+* Agreement of each backend at tp2 against itself at tp1 (with ``--dense-ref``, ``triton`` at both
+  sizes: what TP alone changes in bf16) and of ``triton`` against ``nvfp4_sparse`` at the same TP
+  size: first token equal, all tokens equal, leading tokens equal, |delta logprob| of the first token
+  and over the common leading tokens. Random weights make next-token distributions flat, so greedy
+  paths may part after one flip: the numbers are what they are.
 
 Prompts are random words of the tiny tokenizer's corpus (one token per word). ``--tp-size N > 1``
 runs with ``--disable-custom-all-reduce`` (NCCL only; ``--custom-all-reduce`` to keep SGLang's
@@ -128,18 +131,23 @@ def run_server(tag: str, model: str, backend: str, tp: int, prompts: list, loads
             log(f"  {tag} {p['name']}: {meta['prompt_tokens']} tokens, {entry['requests'][-1]['latency_s']:.3f} s")
             save()
         for name, load in loads.items():
-            t1 = time.perf_counter()
-            rs = post({"text": load["texts"], "sampling_params": load["sampling_params"]})
-            wall = time.perf_counter() - t1
-            pt = sum(r["meta_info"]["prompt_tokens"] for r in rs)
-            ct = sum(r["meta_info"]["completion_tokens"] for r in rs)
-            cached = sum(r["meta_info"].get("cached_tokens") or 0 for r in rs)
-            entry["loads"][name] = {"requests": len(rs), "wall_s": wall, "prompt_tokens": pt, "cached_tokens": cached,
-                                    "completion_tokens": ct, "prompt_tok_s": pt / wall, "output_tok_s": ct / wall,
-                                    "total_tok_s": (pt + ct) / wall}
-            log(f"  {tag} {name}: {len(rs)} requests, {pt} prompt + {ct} new tokens in {wall:.2f} s "
-                f"({pt / wall:,.0f} prompt tok/s, {ct / wall:,.0f} new tok/s)")
-            save()
+            reps = entry["loads"][name] = []
+            for i, texts in enumerate(load["repetitions"]):  # the first is an untimed warm-up of the shapes
+                if load.get("prime"):  # prefill alone first: the timed call then finds the prompts in the radix cache
+                    post({"text": texts, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
+                t1 = time.perf_counter()
+                rs = post({"text": texts, "sampling_params": load["sampling_params"]})
+                wall = time.perf_counter() - t1
+                pt = sum(r["meta_info"]["prompt_tokens"] for r in rs)
+                ct = sum(r["meta_info"]["completion_tokens"] for r in rs)
+                cached = sum(r["meta_info"].get("cached_tokens") or 0 for r in rs)
+                reps.append({"warmup": i == 0, "requests": len(rs), "wall_s": wall, "prompt_tokens": pt,
+                             "cached_tokens": cached, "completion_tokens": ct, "prompt_tok_s": pt / wall,
+                             "output_tok_s": ct / wall, "total_tok_s": (pt + ct) / wall})
+                log(f"  {tag} {name}{' (warm-up)' if i == 0 else f' #{i}'}: {len(rs)} requests, {pt} prompt "
+                    f"({cached} cached) + {ct} new tokens in {wall:.2f} s ({pt / wall:,.0f} prompt tok/s, "
+                    f"{ct / wall:,.0f} new tok/s)")
+                save()
     except Exception as e:  # keep what this server answered; the failure is recorded
         entry["error"] = repr(e)[:3000]
         log(f"{tag} failed: {e!r}"[:600])
@@ -159,7 +167,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2],
                     help="TP sizes for nvfp4_sparse (the first is the reference)")
-    ap.add_argument("--dense-ref", action="store_true", help="also triton at the largest TP size (if time is left)")
+    ap.add_argument("--dense-ref", action="store_true",
+                    help="also triton at every TP size (if time is left): the bf16 baseline of TP agreement")
     ap.add_argument("--hidden-size", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=4)
@@ -170,12 +179,13 @@ def main() -> None:
     ap.add_argument("--long-lens", type=int, nargs="+", default=[8192, 12288, 16384, 24576, 32768])
     ap.add_argument("--warmup-long-len", type=int, default=4096)
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--prefill-batch", type=int, default=8)
-    ap.add_argument("--prefill-len", type=int, default=8192)
+    ap.add_argument("--prefill-batch", type=int, default=16)
+    ap.add_argument("--prefill-len", type=int, default=16384)
     ap.add_argument("--decode-batch", type=int, default=64)
-    ap.add_argument("--decode-len", type=int, default=1024)
-    ap.add_argument("--decode-new", type=int, default=128)
-    ap.add_argument("--server-args", default=" ".join(COMMON_SERVER_ARGS),
+    ap.add_argument("--decode-len", type=int, default=4096)
+    ap.add_argument("--decode-new", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3, help="timed repetitions of each load (after one untimed)")
+    ap.add_argument("--server-args", default=" ".join([*COMMON_SERVER_ARGS, "--cuda-graph-max-bs", "64"]),
                     help="SGLang server arguments of every run, one string given with '=' (default: %(default)s)")
     ap.add_argument("--custom-all-reduce", action="store_true",
                     help="keep SGLang's custom all-reduce kernel at tp > 1 (default: --disable-custom-all-reduce)")
@@ -215,21 +225,25 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [{"name": f"short_{n}", "group": "short", "text": _text(rng, n)} for n in args.short_lens]
     prompts += [{"name": f"long_{n}", "group": "long", "text": _text(rng, n)} for n in args.long_lens]
-    rng = random.Random(1)
+    rng = random.Random(1)  # every repetition gets its own prompts, so none is served from the radix cache
     loads = {
-        "prefill_heavy": {"texts": [_text(rng, args.prefill_len) for _ in range(args.prefill_batch)],
+        "prefill_heavy": {"repetitions": [[_text(rng, args.prefill_len) for _ in range(args.prefill_batch)]
+                                          for _ in range(1 + args.repeats)],
                           "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}},
-        "decode_heavy": {"texts": [_text(rng, args.decode_len) for _ in range(args.decode_batch)],
+        "decode_heavy": {"repetitions": [[_text(rng, args.decode_len) for _ in range(args.decode_batch)]
+                                         for _ in range(1 + args.repeats)],
+                         "prime": True,
                          "sampling_params": {"max_new_tokens": args.decode_new, "temperature": 0.0,
                                              "ignore_eos": True}},
     }
     results["prompts"] = [{"name": p["name"], "group": p["group"], "words": len(p["text"].split())} for p in prompts]
-    results["loads"] = {k: {"requests": len(v["texts"]), "words_each": len(v["texts"][0].split()),
+    results["loads"] = {k: {"requests": len(v["repetitions"][0]), "words_each": len(v["repetitions"][0][0].split()),
+                            "timed_repetitions": args.repeats, "prefilled_untimed_first": bool(v.get("prime")),
                             "sampling_params": v["sampling_params"]} for k, v in loads.items()}
     runs = results["runs"] = {}
     plan = [("nvfp4_sparse", tp) for tp in args.tp]
     if args.dense_ref:
-        plan.append(("triton", max(args.tp)))
+        plan += [("triton", tp) for tp in args.tp]
     try:
         for backend, tp in plan:
             tag = f"{backend}_tp{tp}"
@@ -245,22 +259,28 @@ def main() -> None:
             run_server(tag, model, backend, tp, prompts, loads, args, deadline, runs[tag], save)
     finally:
         ref = f"nvfp4_sparse_tp{args.tp[0]}"
+        # each backend at tp N against itself at the first TP size (for triton: what TP alone changes in
+        # bf16), and triton against nvfp4_sparse at the same TP size
+        pairs = [(f"{b}_tp{tp}", f"{b}_tp{args.tp[0]}") for b in ("nvfp4_sparse", "triton") for tp in args.tp[1:]]
+        pairs += [(f"triton_tp{tp}", f"nvfp4_sparse_tp{tp}") for tp in args.tp]
         agree = results["agreement"] = {}
+        for a, b in pairs:
+            if runs.get(a, {}).get("requests") and runs.get(b, {}).get("requests"):
+                agree[f"{a}_vs_{b}"] = agreement(runs[a]["requests"], runs[b]["requests"])
+        for run in runs.values():
+            for name, reps in run.get("loads", {}).items():
+                timed = [r for r in reps if not r["warmup"]]
+                if timed:
+                    run.setdefault("load_medians", {})[name] = {
+                        k: statistics.median(r[k] for r in timed) for k in ("wall_s", "prompt_tok_s", "output_tok_s",
+                                                                              "total_tok_s")}
+        speed = results["median_throughput_vs_" + ref] = {}
         for tag, run in runs.items():
-            if tag != ref and run.get("requests") and runs.get(ref, {}).get("requests"):
-                agree[f"{tag}_vs_{ref}"] = agreement(run["requests"], runs[ref]["requests"])
-        dense = f"triton_tp{max(args.tp)}"
-        sparse_same_tp = f"nvfp4_sparse_tp{max(args.tp)}"
-        if (dense in runs and sparse_same_tp != ref and runs[dense].get("requests")
-                and runs.get(sparse_same_tp, {}).get("requests")):
-            agree[f"{dense}_vs_{sparse_same_tp}"] = agreement(runs[dense]["requests"], runs[sparse_same_tp]["requests"])
-        speed = results["throughput_vs_" + ref] = {}
-        for tag, run in runs.items():
-            if tag != ref and run.get("loads") and runs.get(ref, {}).get("loads"):
-                speed[tag] = {name: {k: load[k] / runs[ref]["loads"][name][k]
-                                     for k in ("prompt_tok_s", "output_tok_s", "total_tok_s")
-                                     if runs[ref]["loads"][name].get(k)}
-                              for name, load in run["loads"].items() if name in runs[ref]["loads"]}
+            base = runs.get(ref, {}).get("load_medians", {})
+            if tag != ref and run.get("load_medians") and base:
+                speed[tag] = {name: {k: m[k] / base[name][k] for k in ("prompt_tok_s", "output_tok_s", "total_tok_s")
+                                     if base[name].get(k)}
+                              for name, m in run["load_medians"].items() if name in base}
         results["wall_s"] = time.perf_counter() - t0
         save()
         for name, a in agree.items():
