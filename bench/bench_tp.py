@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument("--decode-len", type=int, default=4096)
     ap.add_argument("--decode-new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3, help="timed repetitions of each load (after one untimed)")
-    ap.add_argument("--server-args", default=" ".join([*COMMON_SERVER_ARGS, "--cuda-graph-max-bs", "64"]),
+    ap.add_argument("--server-args", default=" ".join([*COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "64"]),
                     help="SGLang server arguments of every run, one string given with '=' (default: %(default)s)")
     ap.add_argument("--custom-all-reduce", action="store_true",
                     help="keep SGLang's custom all-reduce kernel at tp > 1 (default: --disable-custom-all-reduce)")
