@@ -61,7 +61,7 @@ import time
 
 from sglang_nvfp4 import cpu_compat
 from sglang_nvfp4.local_server import LocalServer, cuda_available
-from sglang_nvfp4.tiny_model import make_tiny_model
+from sglang_nvfp4.tiny_model import make_tiny_model, random_text
 
 BACKENDS = ("nvfp4_sparse", "triton")
 ONE_BATCH_BACKENDS = ("nvfp4_sparse", "triton", "torch_native")
@@ -70,7 +70,6 @@ MODELS = {
     "gqa64x4": {"kv_heads": 4, "layers": 4, "hidden_size": 4096, "heads_per_kv": 16},
     "tiny": {"kv_heads": 1, "layers": 2, "hidden_size": 256, "heads_per_kv": 16},
 }
-WORDS = "the of and to in is was for on that with as by at from page block key value cache sparse".split()
 COMMON_SERVER_ARGS = ["--page-size", "128", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.6"]
 CHILD_FLAG = "--one-batch-child"
 OFFLINE_CHILD_FLAG = "--offline-child"
@@ -164,9 +163,9 @@ def _model(out_dir: str, name: str, context_len: int) -> str:
 def server_step(out_dir: str, backends, deadline: float, save, results: dict) -> dict:
     model = make_tiny_model(os.path.join(out_dir, "tiny"), kv_heads=1, layers=2)
     rng = random.Random(0)
-    short = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 1800))) for _ in range(8)]
-    long_text = " ".join(rng.choice(WORDS) for _ in range(6000))
-    prefix = " ".join(rng.choice(WORDS) for _ in range(2500))
+    short = [random_text(rng, rng.randint(50, 1800)) for _ in range(8)]
+    long_text = random_text(rng, 6000)
+    prefix = random_text(rng, 2500)
     for backend in backends:
         remaining = deadline - time.monotonic()
         if remaining < 150:
@@ -498,8 +497,8 @@ def _write_sharegpt_stub(path: str, n: int = 32) -> str:
     ``--dataset-path`` is not valid JSON): a stand-in of random words in that format."""
     rng = random.Random(1)
     data = [{"id": str(i), "conversations": [
-        {"from": "human", "value": " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 300)))},
-        {"from": "gpt", "value": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200)))}]} for i in range(n)]
+        {"from": "human", "value": random_text(rng, rng.randint(40, 300))},
+        {"from": "gpt", "value": random_text(rng, rng.randint(20, 200))}]} for i in range(n)]
     with open(path, "w") as f:
         json.dump(data, f)
     return path
@@ -623,7 +622,8 @@ def plot(results: dict, path: str) -> None:
     lens = sorted({r["input_len"] for backends in by_model.values() for res in backends.values()
                    for r in res.get("runs", [])})
     for a in ax[:2]:
-        a.legend(fontsize=7)
+        if a.get_lines():
+            a.legend(fontsize=7)
         a.grid(alpha=0.3)
         if lens:
             a.set_xticks(lens, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lens])

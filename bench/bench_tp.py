@@ -15,8 +15,8 @@ request group, so a timeout still leaves numbers) and the server logs under ``--
   them in the radix cache and times decode).
 * Agreement of each backend at tp2 against itself at tp1 (with ``--dense-ref``, ``triton`` at both
   sizes: what TP alone changes in bf16) and of ``triton`` against ``nvfp4_sparse`` at the same TP
-  size: first token equal, all tokens equal, leading tokens equal, |delta logprob| of the first token
-  and over the common leading tokens. Random weights make next-token distributions flat, so greedy
+  size (``--dense-backend torch_native`` on CPU): first token equal, all tokens equal, leading
+  tokens equal, |delta logprob| of the first token and over the common leading tokens. Random weights make next-token distributions flat, so greedy
   paths may part after one flip: the numbers are what they are.
 
 Prompts are random words of the tiny tokenizer's corpus (one token per word). ``--tp-size N > 1``
@@ -40,14 +40,10 @@ import statistics
 import sys
 import time
 
-from bench_e2e import COMMON_SERVER_ARGS, WORDS, log, watch_server_pgid
+from bench_e2e import COMMON_SERVER_ARGS, log, watch_server_pgid
 
 from sglang_nvfp4.local_server import LocalServer, cuda_available
-from sglang_nvfp4.tiny_model import make_tiny_model
-
-
-def _text(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+from sglang_nvfp4.tiny_model import make_tiny_model, random_text
 
 
 def _stats(values: list) -> dict:
@@ -113,9 +109,9 @@ def run_server(tag: str, model: str, backend: str, tp: int, prompts: list, loads
         # warm-up: Triton JIT of the dense and sparse paths and of a small batch; not recorded
         t1 = time.perf_counter()
         rng = random.Random(99)
-        post({"text": _text(rng, 1500), "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
-        post({"text": _text(rng, args.warmup_long_len), "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
-        post({"text": [_text(rng, 600) for _ in range(4)],
+        post({"text": random_text(rng, 1500), "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        post({"text": random_text(rng, args.warmup_long_len), "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        post({"text": [random_text(rng, 600) for _ in range(4)],
               "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}})
         entry["warmup_s"] = time.perf_counter() - t1
         for p in prompts:
@@ -168,7 +164,8 @@ def main() -> None:
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2],
                     help="TP sizes for nvfp4_sparse (the first is the reference)")
     ap.add_argument("--dense-ref", action="store_true",
-                    help="also triton at every TP size (if time is left): the bf16 baseline of TP agreement")
+                    help="also --dense-backend at every TP size (if time is left): the bf16 baseline of TP agreement")
+    ap.add_argument("--dense-backend", default="triton", help="dense bf16 backend of --dense-ref (CPU: torch_native)")
     ap.add_argument("--hidden-size", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=4)
@@ -223,14 +220,14 @@ def main() -> None:
                         "weights": "random, written to disk (seed 0)", "make_s": time.perf_counter() - t0}
     log(f"model written in {results['model']['make_s']:.1f} s: {model}")
     rng = random.Random(0)
-    prompts = [{"name": f"short_{n}", "group": "short", "text": _text(rng, n)} for n in args.short_lens]
-    prompts += [{"name": f"long_{n}", "group": "long", "text": _text(rng, n)} for n in args.long_lens]
+    prompts = [{"name": f"short_{n}", "group": "short", "text": random_text(rng, n)} for n in args.short_lens]
+    prompts += [{"name": f"long_{n}", "group": "long", "text": random_text(rng, n)} for n in args.long_lens]
     rng = random.Random(1)  # every repetition gets its own prompts, so none is served from the radix cache
     loads = {
-        "prefill_heavy": {"repetitions": [[_text(rng, args.prefill_len) for _ in range(args.prefill_batch)]
+        "prefill_heavy": {"repetitions": [[random_text(rng, args.prefill_len) for _ in range(args.prefill_batch)]
                                           for _ in range(1 + args.repeats)],
                           "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}},
-        "decode_heavy": {"repetitions": [[_text(rng, args.decode_len) for _ in range(args.decode_batch)]
+        "decode_heavy": {"repetitions": [[random_text(rng, args.decode_len) for _ in range(args.decode_batch)]
                                          for _ in range(1 + args.repeats)],
                          "prime": True,
                          "sampling_params": {"max_new_tokens": args.decode_new, "temperature": 0.0,
@@ -243,7 +240,7 @@ def main() -> None:
     runs = results["runs"] = {}
     plan = [("nvfp4_sparse", tp) for tp in args.tp]
     if args.dense_ref:
-        plan += [("triton", tp) for tp in args.tp]
+        plan += [(args.dense_backend, tp) for tp in args.tp]
     try:
         for backend, tp in plan:
             tag = f"{backend}_tp{tp}"
@@ -259,10 +256,11 @@ def main() -> None:
             run_server(tag, model, backend, tp, prompts, loads, args, deadline, runs[tag], save)
     finally:
         ref = f"nvfp4_sparse_tp{args.tp[0]}"
-        # each backend at tp N against itself at the first TP size (for triton: what TP alone changes in
-        # bf16), and triton against nvfp4_sparse at the same TP size
-        pairs = [(f"{b}_tp{tp}", f"{b}_tp{args.tp[0]}") for b in ("nvfp4_sparse", "triton") for tp in args.tp[1:]]
-        pairs += [(f"triton_tp{tp}", f"nvfp4_sparse_tp{tp}") for tp in args.tp]
+        # each backend at tp N against itself at the first TP size (for the dense one: what TP alone
+        # changes in bf16), and the dense backend against nvfp4_sparse at the same TP size
+        dense = args.dense_backend
+        pairs = [(f"{b}_tp{tp}", f"{b}_tp{args.tp[0]}") for b in ("nvfp4_sparse", dense) for tp in args.tp[1:]]
+        pairs += [(f"{dense}_tp{tp}", f"nvfp4_sparse_tp{tp}") for tp in args.tp]
         agree = results["agreement"] = {}
         for a, b in pairs:
             if runs.get(a, {}).get("requests") and runs.get(b, {}).get("requests"):

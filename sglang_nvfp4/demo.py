@@ -18,9 +18,7 @@ import tempfile
 import time
 
 from .local_server import LocalServer
-from .tiny_model import make_tiny_model
-
-WORDS = "the of and to in is was for on that with as by at from page block key value cache sparse attention".split()
+from .tiny_model import make_tiny_model, random_text
 
 
 def main() -> None:
@@ -30,8 +28,8 @@ def main() -> None:
     rng = random.Random(0)
     model = make_tiny_model(os.path.join(args.workdir, "tiny-model"), kv_heads=1, layers=2)
     print(f"tiny model (GraniteForCausalLM, 16 query heads / 1 KV head, head_dim 128, random weights: its text is noise): {model}")
-    long_prompt = " ".join(rng.choice(WORDS) for _ in range(3000))
-    shared = " ".join(rng.choice(WORDS) for _ in range(1500))
+    long_prompt = random_text(rng, 3000)
+    shared = random_text(rng, 1500)
     requests = [("long prompt", long_prompt), ("shared prefix A", shared + " key value"),
                 ("shared prefix B", shared + " sparse attention")]
     server_args = ["--max-total-tokens", "65536", "--max-running-requests", "8"]

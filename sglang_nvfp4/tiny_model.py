@@ -25,6 +25,15 @@ _WORDS = (
 ).split()
 
 
+# Prompt words for tests, benchmarks and the demo: words of the tokenizer's corpus, about one token each.
+PROMPT_WORDS = "the of and to in is was for on that with as by at from page block key value cache sparse".split()
+
+
+def random_text(rng: random.Random, n_words: int) -> str:
+    """``n_words`` words drawn from :data:`PROMPT_WORDS` with ``rng``, joined by spaces."""
+    return " ".join(rng.choice(PROMPT_WORDS) for _ in range(n_words))
+
+
 def _corpus(seed: int, lines: int = 2000):
     rng = random.Random(seed)
     for _ in range(lines):

@@ -11,14 +11,9 @@ import pytest
 pytest.importorskip("sglang.srt")
 
 from sglang_nvfp4.local_server import LocalServer  # noqa: E402
-from sglang_nvfp4.tiny_model import make_tiny_model  # noqa: E402
+from sglang_nvfp4.tiny_model import make_tiny_model, random_text  # noqa: E402
 
-WORDS = "the of and to in is was for on that with as by at from page block key value cache sparse".split()
 SERVER_ARGS = ["--max-total-tokens", "65536", "--mem-fraction-static", "0.5", "--max-running-requests", "16"]
-
-
-def prompt(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +24,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def short_prompts():
     rng = random.Random(7)
-    return [prompt(rng, rng.randint(20, 400)) for _ in range(12)]
+    return [random_text(rng, rng.randint(20, 400)) for _ in range(12)]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def test_server_reports_nvfp4_pool_capacity(sparse_server):
 
 def test_long_prompt_and_shared_prefix_hit_the_radix_cache(sparse_server):
     rng = random.Random(3)
-    long_text = prompt(rng, 3000)  # ~3000 tokens: 24 blocks, so tokens attend a sparse top-16
+    long_text = random_text(rng, 3000)  # ~3000 tokens: 24 blocks, so tokens attend a sparse top-16
     first = sparse_server.generate(long_text, max_new_tokens=8)
     assert first["meta_info"]["prompt_tokens"] > 16 * 128
     assert first["meta_info"]["completion_tokens"] == 8

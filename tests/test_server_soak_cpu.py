@@ -19,16 +19,11 @@ import pytest
 pytest.importorskip("sglang.srt")
 
 from sglang_nvfp4.local_server import LocalServer  # noqa: E402
-from sglang_nvfp4.tiny_model import make_tiny_model  # noqa: E402
+from sglang_nvfp4.tiny_model import make_tiny_model, random_text  # noqa: E402
 
-WORDS = "the of and to in is was for on that with as by at from page block key value cache sparse".split()
 NUM_REQUESTS = 200
 TIME_LIMIT_S = 1500
 POOL_TOKENS = 12288  # 96 pages: a handful of long prompts fill it, so the radix cache evicts
-
-
-def text(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 def probes(srv: LocalServer, prompts) -> list[list[int]]:
@@ -68,8 +63,8 @@ def abort_by_id(srv: LocalServer, prompt: str, rid: str) -> str:
 def test_soak_keeps_the_cache_consistent(tmp_path):
     model = make_tiny_model(str(tmp_path / "tiny"), kv_heads=2, layers=2, seed=1)
     rng = random.Random(11)
-    probe_prompts = [text(rng, 30), text(rng, 700), text(rng, 2500)]
-    prefixes = [text(rng, 1200), text(rng, 300)]
+    probe_prompts = [random_text(rng, 30), random_text(rng, 700), random_text(rng, 2500)]
+    prefixes = [random_text(rng, 1200), random_text(rng, 300)]
     args = ["--max-total-tokens", str(POOL_TOKENS), "--max-running-requests", "8", "--chunked-prefill-size", "1024"]
     with LocalServer(model, "nvfp4_sparse", extra_args=args) as srv:
         before = probes(srv, probe_prompts)
@@ -80,15 +75,15 @@ def test_soak_keeps_the_cache_consistent(tmp_path):
             r = random.Random(1000 + i)
             kind = r.random()
             if kind < 0.05:
-                return "abort", stream_then_disconnect(srv, text(r, 400))
+                return "abort", stream_then_disconnect(srv, random_text(r, 400))
             if kind < 0.10:
-                return "abort", abort_by_id(srv, text(r, 300), rid=f"soak-{i}")
+                return "abort", abort_by_id(srv, random_text(r, 300), rid=f"soak-{i}")
             if kind < 0.16:
-                prompt = text(r, r.randint(2100, 2500))  # long: more blocks than TOPK
+                prompt = random_text(r, r.randint(2100, 2500))  # long: more blocks than TOPK
             elif kind < 0.55:
-                prompt = r.choice(prefixes) + " " + text(r, r.randint(5, 200))  # shared radix prefixes
+                prompt = r.choice(prefixes) + " " + random_text(r, r.randint(5, 200))  # shared radix prefixes
             else:
-                prompt = text(r, r.randint(5, 250))
+                prompt = random_text(r, r.randint(5, 250))
             res = srv.generate(prompt, max_new_tokens=r.randint(1, 12))
             return "ok", res["meta_info"]["finish_reason"]["type"]
 
