@@ -32,6 +32,26 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def cpu_tp_env(tp: int, env: dict) -> dict:
+    """Environment for SGLang 0.5.23's CPU engine at ``--tp-size tp`` on an ordinary (non-AMX) host:
+
+    * ``SGLANG_CPU_OMP_THREADS_BIND``: without it SGLang allows at most one rank per NUMA node; the
+      visible cores are split evenly between the ranks instead.
+    * ``SGLANG_NCCL_SO_PATH`` set to a path that does not exist: with a CUDA build of torch SGLang
+      loads NCCL for the CPU group and then fails on ``torch.cuda.device("cpu")``; a library that
+      cannot be loaded disables that communicator, and the ranks all-reduce through gloo.
+
+    Values already in ``env`` are kept."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise ValueError(f"--tp-size {tp} on CPU needs at least {tp} cores, {len(cores)} visible")
+    share = len(cores) // tp
+    groups = [cores[i * share:(i + 1) * share] for i in range(tp)]
+    bind = "|".join(",".join(map(str, g)) for g in groups)
+    return {"SGLANG_CPU_OMP_THREADS_BIND": env.get("SGLANG_CPU_OMP_THREADS_BIND", bind),
+            "SGLANG_NCCL_SO_PATH": env.get("SGLANG_NCCL_SO_PATH", "/nonexistent/libnccl-disabled-for-cpu-tp.so")}
+
+
 class LocalServer:
     """``with LocalServer(model, "nvfp4_sparse") as srv: srv.generate("hi")``."""
 
@@ -48,6 +68,10 @@ class LocalServer:
             child_env["SGLANG_USE_CPU_ENGINE"] = "1"
             if cpu_compat.needs_stand_in():
                 child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_compat.stand_in_path(), child_env.get("PYTHONPATH")]))
+            extra = list(extra_args)
+            tp = int(extra[extra.index("--tp-size") + 1]) if "--tp-size" in extra else 1
+            if tp > 1:
+                child_env.update(cpu_tp_env(tp, child_env))
         self.args, self.env, self.startup_timeout = args, child_env, startup_timeout
         self.process: subprocess.Popen | None = None
 
