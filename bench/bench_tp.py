@@ -16,8 +16,9 @@ request group, so a timeout still leaves numbers) and the server logs under ``--
 * Agreement of each backend at tp2 against itself at tp1 (with ``--dense-ref``, ``triton`` at both
   sizes: what TP alone changes in bf16) and of ``triton`` against ``nvfp4_sparse`` at the same TP
   size (``--dense-backend torch_native`` on CPU): first token equal, all tokens equal, leading
-  tokens equal, |delta logprob| of the first token and over the common leading tokens. Random weights make next-token distributions flat, so greedy
-  paths may part after one flip: the numbers are what they are.
+  tokens equal, |delta logprob| of the first token and over the common leading tokens. Random
+  weights make next-token distributions flat, so greedy paths may part after one flip: the numbers
+  are what they are.
 
 Prompts are random words of the tiny tokenizer's corpus (one token per word). ``--tp-size N > 1``
 runs with ``--disable-custom-all-reduce`` (NCCL only; ``--custom-all-reduce`` to keep SGLang's

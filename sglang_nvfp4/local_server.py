@@ -69,7 +69,8 @@ class LocalServer:
             if cpu_compat.needs_stand_in():
                 child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_compat.stand_in_path(), child_env.get("PYTHONPATH")]))
             extra = list(extra_args)
-            tp = int(extra[extra.index("--tp-size") + 1]) if "--tp-size" in extra else 1
+            flag = next((f for f in ("--tp-size", "--tensor-parallel-size") if f in extra), None)  # both SGLang spellings
+            tp = int(extra[extra.index(flag) + 1]) if flag else 1
             if tp > 1:
                 child_env.update(cpu_tp_env(tp, child_env))
         self.args, self.env, self.startup_timeout = args, child_env, startup_timeout
