@@ -76,7 +76,7 @@ BF16_BYTES_PER_TOKEN_PER_HEAD = 2 * HEAD_DIM * 2  # 512 B
 # E2M1 magnitudes by 3-bit code (for the reference paths; kernels decode with bit arithmetic).
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Rounding thresholds between consecutive magnitudes, and whether a tie rounds up (to the even code).
-_E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     NaN encodes as a signed zero."""
     a = x.float().abs()
     mag = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
-    for threshold, tie_up in _E2M1_THRESHOLDS:
+    for threshold, tie_up in E2M1_THRESHOLDS:
         mag += (a >= threshold if tie_up else a > threshold).to(torch.uint8)
     return mag | (torch.signbit(x.float()).to(torch.uint8) << 3)
 

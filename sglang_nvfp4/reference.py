@@ -41,6 +41,7 @@ import torch
 from . import format as fmt
 
 _Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+LOG2E = math.log2(math.e)  # kernels run the softmax in exp2: logits are pre-scaled by sm_scale * LOG2E
 _TOKENS_PER_CHUNK = 128  # tokens per score block on CPU
 
 
@@ -123,7 +124,7 @@ def sparse_prefill_reference(
         k_all, v_all = fmt.read_kv(cache, used, 1.0, 1.0)
         k_all, v_all = k_all.half().float(), v_all.half().float()
         qf = q.half().float()
-        c = sm_scale * math.log2(math.e) * float(fmt.as_scale(k_scale, "cpu"))
+        c = sm_scale * LOG2E * float(fmt.as_scale(k_scale, "cpu"))
         v_gs = float(fmt.as_scale(v_scale, "cpu"))
 
     offsets = torch.arange(fmt.PAGE_SIZE, device=q.device)

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
+from .. import reference
 
 PAGE = tl.constexpr(fmt.PAGE_SIZE)  # tokens per page
 HEAD_DIM = tl.constexpr(fmt.HEAD_DIM)
@@ -43,7 +44,7 @@ V_SCALES_PER_ROW = tl.constexpr(fmt.PAGE_SIZE // fmt.V_SCALE_ROWS_PER_GROUP)  # 
 BLOCK_BYTES = tl.constexpr(fmt.PAGE_SIZE * fmt.ROW_BYTES)  # one head's K (or V^T) block in a page
 BLOCK_WORDS = tl.constexpr(fmt.PAGE_SIZE * fmt.ROW_BYTES // 4)
 TILE_SCALE = tl.constexpr(64.0)  # decoded tiles hold value / TILE_SCALE (see the module docstring)
-LOG2E = tl.constexpr(1.4426950408889634)
+LOG2E = tl.constexpr(reference.LOG2E)
 
 # One word in ($8), its 8 codes out in order as fp16 ($0..$7): planes of E4M3 bytes for the even
 # codes (e) and the odd codes (o), byte-interleaved back into code order, converted two at a time.

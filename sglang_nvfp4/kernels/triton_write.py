@@ -35,7 +35,7 @@ E2M1_MAX = tl.constexpr(fmt.E2M1_MAX)
 E4M3_MAX = tl.constexpr(fmt.E4M3_MAX)
 # E2M1 rounding: threshold between consecutive magnitudes and whether a tie rounds up (to the even code).
 (_T0, _U0), (_T1, _U1), (_T2, _U2), (_T3, _U3), (_T4, _U4), (_T5, _U5), (_T6, _U6) = (
-    (tl.constexpr(t), tl.constexpr(up)) for t, up in fmt._E2M1_THRESHOLDS
+    (tl.constexpr(t), tl.constexpr(up)) for t, up in fmt.E2M1_THRESHOLDS
 )
 TOKENS_PER_PROGRAM = 16
 

@@ -20,7 +20,8 @@ import functools
 import torch
 
 from ... import format as fmt
-from .geometry import HG, LOG2E, TOK_PER_WG, TOPK
+from ...reference import LOG2E
+from .geometry import HG, TOK_PER_WG, TOPK
 
 __all__ = ["is_available", "supports", "sparse_prefill", "ARCH"]
 

@@ -11,11 +11,8 @@ why the cache layout fits them is derived in :mod:`sglang_nvfp4.format`.
 
 from __future__ import annotations
 
-import math
-
 from ... import format as fmt
 
-LOG2E = math.log2(math.e)  # the softmax runs on exp2: logits are pre-scaled by sm_scale * LOG2E
 TOK_PER_WG = 4  # query tokens per workgroup; they share the union of their selected pages
 NW = 4  # waves per workgroup
 HG = 16  # query heads per KV head: the N of both mfmas

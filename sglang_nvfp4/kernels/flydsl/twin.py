@@ -17,12 +17,11 @@ from __future__ import annotations
 import torch
 
 from ... import format as fmt
-from ...reference import validate_sparse_args, validate_sparse_values
+from ...reference import LOG2E, validate_sparse_args, validate_sparse_values
 from .geometry import (
     BLK,
     HG,
     KPW,
-    LOG2E,
     NDT,
     NKS,
     NW,
