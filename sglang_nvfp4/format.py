@@ -33,8 +33,8 @@ tokens of one request. For KV head ``h``:
   of tokens ``2b`` (low) and ``2b+1`` (high) for that dim. V is quantized per token like K (scale
   per token ``t`` and dim group ``g``); that scale lives at row ``16*g + t // 8``, byte ``64 + t % 8``.
 
-Why this layout (the access pattern of the FlyDSL gfx950 design in ``shared/seed``)
------------------------------------------------------------------------------------
+Why this layout (the access pattern of the FlyDSL gfx950 kernel, :mod:`sglang_nvfp4.kernels.flydsl`)
+-------------------------------------------------------------------------------------------------
 A workgroup has 4 waves; wave ``w`` owns keys ``[32w, 32w+32)`` of a page. In
 ``v_mfma_f32_16x16x32_f16`` lane ``(n, g) = (lane % 16, lane // 16)`` holds 8 consecutive k-elements
 ``8g..8g+7`` of row ``n`` of the A operand.
@@ -124,20 +124,27 @@ def e4m3_decode(u8: torch.Tensor) -> torch.Tensor:
     return torch.where((b & 0x80) != 0, -mag, mag)
 
 
-def as_scale(global_scale, device) -> torch.Tensor:
-    """A float or a one-element tensor -> fp32 0-d tensor on ``device``."""
-    if isinstance(global_scale, torch.Tensor):
-        if global_scale.numel() != 1:
-            raise ValueError(f"global scale must have one element, got shape {tuple(global_scale.shape)}")
-        return global_scale.detach().reshape(()).to(device=device, dtype=torch.float32)
-    return torch.tensor(float(global_scale), dtype=torch.float32, device=device)
+def global_scale(scale, device=None, *, name: str = "global scale", as_tensor: bool = False) -> float | torch.Tensor:
+    """The one normaliser of a layer's fp32 global K/V scale, for the reference, the kernels and the pools.
+
+    A Python number stays a ``float``. A one-element floating tensor becomes fp32 of shape ``[1]`` on
+    ``device`` (its own device when ``None``): kernels read such a scale through a pointer, which keeps
+    CUDA graphs free of host syncs; ``as_tensor`` makes a number such a tensor too. Anything else raises
+    ``ValueError`` naming ``name``."""
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or not scale.dtype.is_floating_point:
+            raise ValueError(f"{name}: expected a float or a one-element float tensor, got {scale.dtype} {tuple(scale.shape)}")
+        return scale.detach().reshape(1).to(device=scale.device if device is None else device, dtype=torch.float32)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return torch.full((1,), float(scale), dtype=torch.float32, device=device) if as_tensor else float(scale)
+    raise ValueError(f"{name}: expected a float or a one-element float tensor, got {type(scale).__name__}")
 
 
-def quantize_nvfp4(x: torch.Tensor, global_scale) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_nvfp4(x: torch.Tensor, scale) -> tuple[torch.Tensor, torch.Tensor]:
     """``x[..., 128]`` -> ``(packed[..., 64] uint8, scales[..., 8] uint8)``; see the module docstring."""
     if x.shape[-1] != HEAD_DIM:
         raise ValueError(f"x: last dim must be {HEAD_DIM}, got shape {tuple(x.shape)}")
-    gs = as_scale(global_scale, x.device)
+    gs = global_scale(scale, x.device)
     groups = x.float().reshape(*x.shape[:-1], NUM_GROUPS, SCALE_GROUP)
     amax = groups.abs().amax(dim=-1)
     scales = e4m3_encode(amax / 6.0 / gs)
@@ -147,9 +154,9 @@ def quantize_nvfp4(x: torch.Tensor, global_scale) -> tuple[torch.Tensor, torch.T
     return pack_nibbles(codes), scales
 
 
-def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, global_scale) -> torch.Tensor:
+def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, scale) -> torch.Tensor:
     """``(packed[..., 64], scales[..., 8])`` uint8 -> float32 ``[..., 128]``."""
-    gs = as_scale(global_scale, packed.device)
+    gs = global_scale(scale, packed.device)
     vals = e2m1_decode(unpack_nibbles(packed)).reshape(*packed.shape[:-1], NUM_GROUPS, SCALE_GROUP)
     return (vals * e4m3_decode(scales).unsqueeze(-1) * gs).reshape(*packed.shape[:-1], HEAD_DIM)
 
@@ -188,7 +195,7 @@ def write_kv(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch
     Only the written tokens' bytes change: a V byte shared with a neighbour token keeps its nibble.
     ``slots`` must be distinct and inside the cache (checked: this is the reference path)."""
     hkv = check_cache(cache)
-    n = _check_slots(cache, slots)
+    n = check_slots(slots, cache.shape[0] * PAGE_SIZE, distinct=True)
     for name, t in (("k", k), ("v", v)):
         if t.shape != (n, hkv, HEAD_DIM):
             raise ValueError(f"{name}: expected shape {(n, hkv, HEAD_DIM)}, got {tuple(t.shape)}")
@@ -199,18 +206,19 @@ def write_kv(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch
     _scatter_records(cache, slots, torch.cat((k_packed, k_sc, v_packed, v_sc), dim=-1))
 
 
-def _check_slots(cache: torch.Tensor, slots: torch.Tensor) -> int:
-    """Validate token slots for a scatter (dtype, range, distinct); returns their count."""
+def check_slots(slots: torch.Tensor, capacity: int | None = None, *, distinct: bool = False) -> int:
+    """The one validation of token slots (``page * 128 + row``): int32/int64 ``[N]``; with ``capacity``
+    also values in ``[0, capacity)`` (a device sync), with ``distinct`` no repeats. Returns ``N``;
+    ``ValueError`` otherwise."""
     if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slots: expected int32/int64 [N], got {slots.dtype} {tuple(slots.shape)}")
     n = slots.shape[0]
-    if n:
-        capacity = cache.shape[0] * PAGE_SIZE
+    if n and capacity is not None:
         lo, hi = int(slots.min()), int(slots.max())
         if lo < 0 or hi >= capacity:
             raise ValueError(f"slots: values must be in [0, {capacity}), got min {lo} max {hi}")
-        if torch.unique(slots).numel() != n:
-            raise ValueError("slots: must be distinct")
+    if n and distinct and torch.unique(slots).numel() != n:
+        raise ValueError("slots: must be distinct")
     return n
 
 
@@ -246,7 +254,7 @@ def read_token_records(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor
 def write_token_records(cache: torch.Tensor, slots: torch.Tensor, records: torch.Tensor) -> None:
     """Inverse of :func:`read_token_records`: put whole tokens back (moves, offload restore), in place."""
     hkv = check_cache(cache)
-    n = _check_slots(cache, slots)
+    n = check_slots(slots, cache.shape[0] * PAGE_SIZE, distinct=True)
     if records.dtype != torch.uint8 or records.shape != (n, hkv, TOKEN_RECORD_BYTES):
         raise ValueError(f"records: expected uint8 {(n, hkv, TOKEN_RECORD_BYTES)}, got {records.dtype} {tuple(records.shape)}")
     if n:
@@ -276,5 +284,5 @@ def read_kv(cache: torch.Tensor, pages: torch.Tensor, k_scale, v_scale) -> tuple
     # Row 16*g + j, byte 64 + i holds the scale of token 8*j + i for group g.
     sc = v_rows[..., SCALE_OFFSET:].reshape(*v_rows.shape[:2], NUM_GROUPS, PAGE_SIZE)  # [P, Hkv, g, t]
     sc = e4m3_decode(sc).transpose(-1, -2).repeat_interleave(SCALE_GROUP, dim=-1)  # [P, Hkv, t, dims]
-    v = e2m1_decode(codes) * sc * as_scale(v_scale, cache.device)
+    v = e2m1_decode(codes) * sc * global_scale(v_scale, cache.device)
     return k, v

@@ -6,13 +6,14 @@ CPU implementation behind the dispatcher.
 Contract
 --------
 Inputs: ``q [T, H, 128]`` (bf16/fp16/fp32), one layer's ``cache`` (see :mod:`sglang_nvfp4.format`),
-``topk [Hkv, T, K] int32`` logical block ids (``-1`` = none; the kernels use ``K = TOPK = 16``),
+``block_ids [Hkv, T, K] int32`` logical block ids (``-1`` = none; any ``K >= 1``, the kernels are
+tuned for ``K = TOPK = 16``),
 ``block_table [R, S] int32`` (logical block -> page, per request row), ``req [T] int32`` (request row
 of each token), ``pos [T] int32`` (position of each token in its request), fp32 global
 ``k_scale``/``v_scale`` (float or one-element tensor), ``sm_scale``.
 
 Semantics: query head ``i`` uses KV head ``i // (H // Hkv)``. For token ``t`` and KV head ``h`` the
-distinct non-negative ids in ``topk[h, t]`` are logical blocks of request ``req[t]``; block ``b``
+distinct non-negative ids in ``block_ids[h, t]`` are logical blocks of request ``req[t]``; block ``b``
 maps to page ``block_table[req[t], b]``; key ``j`` of that page has position ``128*b + j``; keys at
 positions ``> pos[t]`` get no weight; duplicate ids count once; a token with no valid key outputs 0.
 A selected block beyond the token's own block therefore contributes nothing. Keys that no token
@@ -40,52 +41,77 @@ import torch
 
 from . import format as fmt
 
-_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOG2E = math.log2(math.e)  # kernels run the softmax in exp2: logits are pre-scaled by sm_scale * LOG2E
 _TOKENS_PER_CHUNK = 128  # tokens per score block on CPU
 
 
-def validate_sparse_args(q, cache, topk, block_table, req, pos) -> tuple[int, int, int]:
-    """Check shapes and dtypes of the contract's tensors; returns ``(T, H, Hkv)``.
+def check_queries(q: torch.Tensor, num_kv_heads: int, name: str = "q") -> tuple[int, int]:
+    """``q``: bf16/fp16/fp32 ``[T, H, 128]`` with ``H`` a multiple of ``num_kv_heads``; returns ``(T, H)``."""
+    if q.dim() != 3 or q.shape[2] != fmt.HEAD_DIM or q.dtype not in Q_DTYPES:
+        raise ValueError(f"{name}: expected bf16/fp16/fp32 [T, H, {fmt.HEAD_DIM}], got {q.dtype} {tuple(q.shape)}")
+    if q.shape[1] % num_kv_heads:
+        raise ValueError(f"{name}: {q.shape[1]} query heads is not a multiple of the cache's {num_kv_heads} KV heads")
+    return q.shape[0], q.shape[1]
+
+
+def check_token_metadata(block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, num_tokens: int,
+                         device: torch.device) -> None:
+    """The metadata every layer of a forward shares: ``block_table`` int32 ``[R, S]``, ``req`` and ``pos``
+    int32 ``[num_tokens]``, all on ``device``. Shapes, dtypes and devices only (no device sync)."""
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise ValueError(f"block_table: expected int32 [R, S], got {block_table.dtype} {tuple(block_table.shape)}")
+    for name, x in (("req", req), ("pos", pos)):
+        if x.dtype != torch.int32 or x.shape != (num_tokens,):
+            raise ValueError(f"{name}: expected int32 [{num_tokens}], got {x.dtype} {tuple(x.shape)}")
+    for name, x in (("block_table", block_table), ("req", req), ("pos", pos)):
+        if x.device != device:
+            raise ValueError(f"{name}: on {x.device}, expected {device}")
+
+
+def check_block_ids(block_ids: torch.Tensor, num_kv_heads: int, num_tokens: int, device: torch.device) -> int:
+    """``block_ids``: int32 ``[Hkv, T, K]`` with ``K >= 1`` on ``device``; returns ``K``."""
+    if (block_ids.dtype != torch.int32 or block_ids.dim() != 3 or block_ids.shape[:2] != (num_kv_heads, num_tokens)
+            or block_ids.shape[2] < 1):
+        raise ValueError(f"block_ids: expected int32 [{num_kv_heads}, {num_tokens}, K], got {block_ids.dtype} "
+                         f"{tuple(block_ids.shape)}")
+    if block_ids.device != device:
+        raise ValueError(f"block_ids: on {block_ids.device}, expected {device}")
+    return block_ids.shape[2]
+
+
+def validate_sparse_args(q, cache, block_ids, block_table, req, pos) -> tuple[int, int, int]:
+    """Check shapes, dtypes and devices of the contract's tensors; returns ``(T, H, Hkv)``.
 
     Raises ``ValueError`` naming the offending argument. Data-dependent checks (id ranges) are in
     :func:`validate_sparse_values`, which needs a device sync."""
     hkv = fmt.check_cache(cache)
-    if q.dim() != 3 or q.shape[2] != fmt.HEAD_DIM or q.dtype not in _Q_DTYPES:
-        raise ValueError(f"q: expected bf16/fp16/fp32 [T, H, {fmt.HEAD_DIM}], got {q.dtype} {tuple(q.shape)}")
-    t, h = q.shape[0], q.shape[1]
-    if h % hkv:
-        raise ValueError(f"q: {h} query heads is not a multiple of the cache's {hkv} KV heads")
-    if topk.dtype != torch.int32 or topk.dim() != 3 or topk.shape[:2] != (hkv, t) or topk.shape[2] < 1:
-        raise ValueError(f"topk: expected int32 [{hkv}, {t}, K], got {topk.dtype} {tuple(topk.shape)}")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise ValueError(f"block_table: expected int32 [R, S], got {block_table.dtype} {tuple(block_table.shape)}")
-    for name, x in (("req", req), ("pos", pos)):
-        if x.dtype != torch.int32 or x.shape != (t,):
-            raise ValueError(f"{name}: expected int32 [{t}], got {x.dtype} {tuple(x.shape)}")
-    for name, x in (("q", q), ("topk", topk), ("block_table", block_table), ("req", req), ("pos", pos)):
-        if x.device != cache.device:
-            raise ValueError(f"{name}: on {x.device}, cache on {cache.device}")
+    t, h = check_queries(q, hkv)
+    if q.device != cache.device:
+        raise ValueError(f"q: on {q.device}, cache on {cache.device}")
+    check_block_ids(block_ids, hkv, t, cache.device)
+    check_token_metadata(block_table, req, pos, t, cache.device)
     return t, h, hkv
 
 
-def validate_sparse_values(cache, topk, block_table, req, pos) -> None:
+def validate_sparse_values(block_ids, block_table, req, pos) -> None:
     """Range checks on the index tensors (syncs with the device)."""
     if req.numel():
         if int(req.min()) < 0 or int(req.max()) >= block_table.shape[0]:
             raise ValueError(f"req: rows must be in [0, {block_table.shape[0]}), got {req.min()}..{req.max()}")
         if int(pos.min()) < 0:
             raise ValueError(f"pos: positions must be >= 0, got min {int(pos.min())}")
-    if topk.numel() and int(topk.max()) >= block_table.shape[1]:
-        raise ValueError(f"topk: block id {int(topk.max())} is beyond the block table's {block_table.shape[1]} columns")
-    if topk.numel() and int(topk.min()) < -1:
-        raise ValueError(f"topk: ids must be >= -1, got {int(topk.min())}")
+    if block_ids.numel() and int(block_ids.max()) >= block_table.shape[1]:
+        raise ValueError(f"block_ids: block id {int(block_ids.max())} is beyond the block table's "
+                         f"{block_table.shape[1]} columns")
+    if block_ids.numel() and int(block_ids.min()) < -1:
+        raise ValueError(f"block_ids: ids must be >= -1, got {int(block_ids.min())}")
 
 
 def sparse_prefill_reference(
     q: torch.Tensor,
     cache: torch.Tensor,
-    topk: torch.Tensor,
+    block_ids: torch.Tensor,
     block_table: torch.Tensor,
     req: torch.Tensor,
     pos: torch.Tensor,
@@ -98,14 +124,14 @@ def sparse_prefill_reference(
     """Sparse attention over the NVFP4 cache; ``out [T, H, 128]`` in q's dtype (float64 in ideal mode)."""
     if mode not in ("kernel", "ideal"):
         raise ValueError(f"mode: expected 'kernel' or 'ideal', got {mode!r}")
-    t_all, h, hkv = validate_sparse_args(q, cache, topk, block_table, req, pos)
-    validate_sparse_values(cache, topk, block_table, req, pos)
+    t_all, h, hkv = validate_sparse_args(q, cache, block_ids, block_table, req, pos)
+    validate_sparse_values(block_ids, block_table, req, pos)
     ideal = mode == "ideal"
     out = torch.zeros(t_all, h, fmt.HEAD_DIM, dtype=torch.float64 if ideal else q.dtype, device=q.device)
     if t_all == 0:
         return out
     group = h // hkv
-    blocks = topk.long()  # [Hkv, T, K]
+    blocks = block_ids.long()  # [Hkv, T, K]
     valid = blocks >= 0
     pages = block_table.long()[req.long()[None, :, None], blocks.clamp(min=0)]  # [Hkv, T, K]
     bad = valid & ((pages < 0) | (pages >= cache.shape[0]))
@@ -124,8 +150,8 @@ def sparse_prefill_reference(
         k_all, v_all = fmt.read_kv(cache, used, 1.0, 1.0)
         k_all, v_all = k_all.half().float(), v_all.half().float()
         qf = q.half().float()
-        c = sm_scale * LOG2E * float(fmt.as_scale(k_scale, "cpu"))
-        v_gs = float(fmt.as_scale(v_scale, "cpu"))
+        c = sm_scale * LOG2E * float(fmt.global_scale(k_scale, name="k_scale"))
+        v_gs = float(fmt.global_scale(v_scale, name="v_scale"))
 
     offsets = torch.arange(fmt.PAGE_SIZE, device=q.device)
     for kvh in range(hkv):

@@ -66,7 +66,7 @@ def make_problem(
     )
 
 
-def all_blocks_topk(p: Problem, width: int = fmt.TOPK) -> torch.Tensor:
+def all_block_ids(p: Problem, width: int = fmt.TOPK) -> torch.Tensor:
     """Every block up to each token's own, padded with -1: dense causal attention."""
     own = (p.pos.cpu() // fmt.PAGE_SIZE).long()
     if int(own.max()) + 1 > width:
@@ -76,7 +76,7 @@ def all_blocks_topk(p: Problem, width: int = fmt.TOPK) -> torch.Tensor:
     return sel[None].expand(p.hkv, -1, -1).contiguous().to(p.q.device)
 
 
-def random_topk(p: Problem, seed: int, width: int = fmt.TOPK, dup_prob: float = 0.1) -> torch.Tensor:
+def random_block_ids(p: Problem, seed: int, width: int = fmt.TOPK, dup_prob: float = 0.1) -> torch.Tensor:
     """Per KV head and token: the own block plus random earlier (and occasionally later, or
     duplicated) blocks, padded with -1 in random slots."""
     gen = torch.Generator().manual_seed(seed)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from problems import make_problem, random_topk
+from problems import make_problem, random_block_ids
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
 from sglang_nvfp4.reference import sparse_prefill_reference
@@ -11,21 +11,21 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 def test_cpu_dispatch_is_the_reference_and_fills_out():
     p = make_problem(30, [700, 260], [100, 33], num_kv_heads=2)
-    topk = random_topk(p, seed=0)
-    args = (p.q, p.cache, topk, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
+    block_ids = random_block_ids(p, seed=0)
+    args = (p.q, p.cache, block_ids, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
     want = sparse_prefill_reference(*args)
     out = torch.full_like(p.q, float("nan"))
     assert kernels.sparse_prefill(*args, out=out) is out
     assert torch.equal(out, want)
     assert torch.equal(kernels.sparse_decode(*args), want)
-    assert kernels.backend_name("cpu") == "reference"
+    assert kernels.resolve_implementation("cpu") == "reference"
 
 
 def test_out_is_validated():
     p = make_problem(31, [200], [4])
-    topk = random_topk(p, seed=0)
+    block_ids = random_block_ids(p, seed=0)
     with pytest.raises(ValueError, match="out"):
-        kernels.sparse_prefill(p.q, p.cache, topk, p.block_table, p.req, p.pos, 1.0, 1.0, 0.1,
+        kernels.sparse_prefill(p.q, p.cache, block_ids, p.block_table, p.req, p.pos, 1.0, 1.0, 0.1,
                                out=torch.empty(4, 16, 128, dtype=torch.float16))
 
 

@@ -7,7 +7,7 @@ mfma's summation order and the reference to fp16 tolerance."""
 import pytest
 import torch
 
-from problems import make_problem, random_topk
+from problems import make_problem, random_block_ids
 from sglang_nvfp4.kernels import flydsl
 from sglang_nvfp4.kernels.flydsl.twin import sparse_prefill_twin
 from sglang_nvfp4.reference import sparse_prefill_reference
@@ -30,9 +30,9 @@ GRIDS = [([300, 1000, 129], [300, 37, 2], 1), ([9000, 700], [4000, 700], 4)]
 def test_kernel_matches_twin_and_reference(seq_lens, extend_lens, hkv, dtype):
     p = make_problem(1, seq_lens, extend_lens, num_heads=16 * hkv, num_kv_heads=hkv, dtype=dtype,
                      k_scale=0.5, v_scale=2.0, device="cuda")
-    topk = random_topk(p, 2, dup_prob=0.3)
-    args = (p.q, p.cache, topk, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
-    out = flydsl.sparse_prefill(*args, torch.empty_like(p.q))
+    block_ids = random_block_ids(p, 2, dup_prob=0.3)
+    args = (p.q, p.cache, block_ids, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
+    out = flydsl.launch(*args, torch.empty_like(p.q))
     torch.cuda.synchronize()
     cpu_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
     twin = sparse_prefill_twin(*cpu_args)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from problems import all_blocks_topk, dense_attention_f64, make_problem, random_topk
+from problems import all_block_ids, dense_attention_f64, make_problem, random_block_ids
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.kernels import flydsl
 from sglang_nvfp4.kernels.flydsl import geometry as geo
@@ -31,8 +31,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _args(p, topk):
-    return (p.q, p.cache, topk, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
+def _args(p, block_ids):
+    return (p.q, p.cache, block_ids, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
 
 
 def _assert_close(got, want):
@@ -75,9 +75,9 @@ def test_page_union_is_first_lane_order():
 
 def test_lane_pages_drop_future_and_missing_blocks():
     p = make_problem(1, [300], [5])  # positions 295..299: own block 2
-    topk = torch.tensor([[[0, 2, 1, -1, 2]] * 5], dtype=torch.int32)  # 2 twice, -1
-    topk[0, 0, 3] = 2
-    lanes = lane_pages(topk, p.block_table, p.req, p.pos, 5)[0]  # [WG, 64]
+    block_ids = torch.tensor([[[0, 2, 1, -1, 2]] * 5], dtype=torch.int32)  # 2 twice, -1
+    block_ids[0, 0, 3] = 2
+    lanes = lane_pages(block_ids, p.block_table, p.req, p.pos, 5)[0]  # [WG, 64]
     bt = p.block_table[0].tolist()
     assert lanes[0, :5].tolist() == [bt[0], bt[2], bt[1], bt[2], bt[2]]
     assert (lanes[0, 5:16] == -1).all() and (lanes[1, 16:] == -1).all()
@@ -102,23 +102,23 @@ def test_twin_matches_reference(case):
     seq_lens, extend_lens, hkv, dtype, ks, vs = PROBLEMS[case]
     p = make_problem(10 + case, seq_lens, extend_lens, num_heads=16 * hkv, num_kv_heads=hkv,
                      dtype=dtype, k_scale=ks, v_scale=vs)
-    topk = random_topk(p, 20 + case, dup_prob=0.3)
-    args = _args(p, topk)
+    block_ids = random_block_ids(p, 20 + case, dup_prob=0.3)
+    args = _args(p, block_ids)
     _assert_close(sparse_prefill_twin(*args), sparse_prefill_reference(*args))
 
 
 def test_twin_matches_dense_attention():
     """Selecting every block up to the token's own is causal attention (independent float64 oracle)."""
     p = make_problem(3, [400, 150], [140, 150], dtype=torch.float32)
-    got = sparse_prefill_twin(*_args(p, all_blocks_topk(p)))
+    got = sparse_prefill_twin(*_args(p, all_block_ids(p)))
     torch.testing.assert_close(got.double(), dense_attention_f64(p), rtol=2e-2, atol=2e-2)
 
 
 def test_unseen_keys_never_reach_the_output():
     """NaN scales in every key no token can see (tails of last pages, spare pages) change nothing."""
     p = make_problem(4, [200, 333], [70, 100], num_heads=32, num_kv_heads=2)
-    topk = random_topk(p, 5)
-    clean = sparse_prefill_twin(*_args(p, topk))
+    block_ids = random_block_ids(p, 5)
+    clean = sparse_prefill_twin(*_args(p, block_ids))
     nan = 0x7F
     hkv = p.hkv
     for r, n in enumerate(p.seq_lens):
@@ -131,36 +131,36 @@ def test_unseen_keys_never_reach_the_output():
     used = set(p.block_table[p.block_table >= 0].tolist())
     for page in set(range(p.cache.shape[0])) - used:
         p.cache[page, :, :, fmt.SCALE_OFFSET:] = nan
-    poisoned = sparse_prefill_twin(*_args(p, topk))
+    poisoned = sparse_prefill_twin(*_args(p, block_ids))
     assert torch.equal(poisoned, clean)
-    _assert_close(poisoned, sparse_prefill_reference(*_args(p, topk)))
+    _assert_close(poisoned, sparse_prefill_reference(*_args(p, block_ids)))
 
 
 def test_tokens_without_keys_output_zero():
     p = make_problem(6, [260], [9])  # positions 251..259: blocks 1 (up to 255) and 2
-    topk = random_topk(p, 7)
-    topk[:, 5] = -1  # nothing selected
-    topk[:, 2] = -1
-    topk[:, 2, 0] = 2  # only a future block (position 253 is in block 1)
-    out = sparse_prefill_twin(*_args(p, topk))
+    block_ids = random_block_ids(p, 7)
+    block_ids[:, 5] = -1  # nothing selected
+    block_ids[:, 2] = -1
+    block_ids[:, 2, 0] = 2  # only a future block (position 253 is in block 1)
+    out = sparse_prefill_twin(*_args(p, block_ids))
     assert (out[[2, 5]] == 0).all()
-    _assert_close(out, sparse_prefill_reference(*_args(p, topk)))
+    _assert_close(out, sparse_prefill_reference(*_args(p, block_ids)))
 
 
 def test_cpu_path_of_the_package_is_the_twin():
     p = make_problem(8, [150], [11], dtype=torch.bfloat16)
-    topk = random_topk(p, 9)[:, :, :12].contiguous()  # fewer ids than the kernel's 16
+    block_ids = random_block_ids(p, 9)[:, :, :12].contiguous()  # fewer ids than the kernel's 16
     out = torch.empty_like(p.q)
-    assert flydsl.supports(p.q, p.cache, topk) and not flydsl.is_available("cpu")
-    assert flydsl.sparse_prefill(*_args(p, topk), out) is out
-    assert torch.equal(out, sparse_prefill_twin(*_args(p, topk)))
+    assert flydsl.supports(p.q.shape[1], p.hkv, block_ids.shape[2]) and not flydsl.is_available("cpu")
+    assert flydsl.launch(*_args(p, block_ids), out) is out
+    assert torch.equal(out, sparse_prefill_twin(*_args(p, block_ids)))
 
 
 def test_unsupported_shapes_are_refused():
     p = make_problem(8, [150], [3], num_heads=8)
-    assert not flydsl.supports(p.q, p.cache, random_topk(p, 1))
+    assert not flydsl.supports(p.q.shape[1], p.hkv, fmt.TOPK)
     with pytest.raises(ValueError, match="16"):
-        flydsl.sparse_prefill(*_args(p, random_topk(p, 1)), torch.empty_like(p.q))
+        flydsl.launch(*_args(p, random_block_ids(p, 1)), torch.empty_like(p.q))
 
 
 def test_package_imports_without_flydsl():

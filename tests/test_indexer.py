@@ -5,16 +5,10 @@ import math
 import pytest
 import torch
 
-from problems import all_blocks_topk, make_problem
+from problems import all_block_ids, make_problem
 from sglang_nvfp4 import format as fmt
-from sglang_nvfp4.indexer import (
-    BlockIndexer,
-    BlockSummaries,
-    SummaryIndexer,
-    block_attention_mass,
-    oracle_blocks,
-    select_blocks,
-)
+from sglang_nvfp4.indexer import BlockIndexer, BlockSummaries, StateBytes, SummaryIndexer, select_blocks
+from sglang_nvfp4.quality.block_mass import block_attention_mass, oracle_blocks
 from sglang_nvfp4.reference import sparse_prefill_reference
 
 
@@ -204,10 +198,10 @@ def test_short_sequences_are_exactly_dense():
     p = make_problem(5, [2048, 700, 129], [60, 30, 129], num_kv_heads=2, k_scale=0.5, v_scale=2.0)
     s = summaries_for(p)
     rest = (p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
-    dense = sparse_prefill_reference(p.q, p.cache, all_blocks_topk(p), *rest)
+    dense = sparse_prefill_reference(p.q, p.cache, all_block_ids(p), *rest)
     for method in ("mean", "quest"):
         sel = select_blocks(p.q, s, p.block_table, p.req, p.pos, method=method)
-        assert torch.equal(sel, all_blocks_topk(p))
+        assert torch.equal(sel, all_block_ids(p))
         assert torch.equal(sparse_prefill_reference(p.q, p.cache, sel, *rest), dense)
 
 
@@ -246,7 +240,7 @@ def test_block_mass_and_oracle_against_independent_dense_softmax():
             want = torch.zeros(mass.shape[-1], dtype=torch.float64)
             want[:blocks] = torch.nn.functional.pad(w, (0, blocks * fmt.PAGE_SIZE - n)).view(blocks, -1).sum(-1)
             assert torch.allclose(mass[h, t], want, rtol=1e-4, atol=1e-9)
-    oracle = oracle_blocks(p.q, p.cache, p.block_table, p.req, p.pos, p.k_scale, p.sm_scale, topk=4)
+    oracle = oracle_blocks(mass, p.pos, topk=4)
     for h in range(p.hkv):
         for t in range(p.q.shape[0]):
             row = oracle[h, t]
@@ -260,12 +254,31 @@ def test_block_mass_and_oracle_against_independent_dense_softmax():
 
 
 class NewestBlocksIndexer:
-    """A stand-in for a model-provided indexer: keeps nothing, selects the newest blocks."""
+    """A stand-in for a model-provided indexer: keeps one int per token slot, selects the newest blocks."""
 
     topk = 4
 
-    def on_kv_written(self, layer_id, cache, slots, k, **model_inputs):
+    def __init__(self, num_slots: int):
+        self.stamp = torch.zeros(num_slots, dtype=torch.int32)  # per-token state: which call wrote the slot
+        self.calls = 0
+
+    @staticmethod
+    def state_bytes(num_layers: int, num_kv_heads: int) -> StateBytes:
+        return StateBytes(per_token=4)
+
+    def state_nbytes(self) -> int:
+        return self.stamp.nbytes
+
+    def on_kv_written(self, layer_id, cache, slots, **model_inputs):
+        self.calls += 1
+        self.stamp[slots.long()] = self.calls
         self.seen = (layer_id, slots.numel(), model_inputs)
+
+    def save_tokens(self, layer_id, slots):
+        return self.stamp[slots.long()].clone()
+
+    def restore_tokens(self, layer_id, cache, slots, saved):
+        self.stamp[slots.long()] = saved
 
     def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs):
         own = (pos.long() // fmt.PAGE_SIZE)[None, :, None]
@@ -276,17 +289,28 @@ class NewestBlocksIndexer:
 def test_indexers_are_interchangeable_behind_the_protocol():
     p = make_problem(7, [2600, 900], [50, 20], num_kv_heads=2)
     default = SummaryIndexer(num_layers=2, num_pages=p.cache.shape[0], num_kv_heads=2)
-    for indexer in (default, NewestBlocksIndexer()):
+    newest = NewestBlocksIndexer(p.cache.shape[0] * fmt.PAGE_SIZE)
+    for indexer in (default, newest):
         assert isinstance(indexer, BlockIndexer)
         for r, n in enumerate(p.seq_lens):
-            indexer.on_kv_written(1, p.cache, request_slots(p.block_table, r, 0, n), k=None, idx_k=None)
-        topk = indexer.select(1, p.q, p.cache, p.block_table, p.req, p.pos, idx_q=None)
-        assert topk.shape == (2, p.q.shape[0], indexer.topk) and topk.dtype == torch.int32
-        sparse_prefill_reference(p.q, p.cache, topk, p.block_table, p.req, p.pos, 1.0, 1.0, p.sm_scale)
+            indexer.on_kv_written(1, p.cache, request_slots(p.block_table, r, 0, n), idx_k=None)
+        block_ids = indexer.select(1, p.q, p.cache, p.block_table, p.req, p.pos, idx_q=None)
+        assert block_ids.shape == (2, p.q.shape[0], indexer.topk) and block_ids.dtype == torch.int32
+        sparse_prefill_reference(p.q, p.cache, block_ids, p.block_table, p.req, p.pos, 1.0, 1.0, p.sm_scale)
+    assert newest.seen == (1, 900, {"idx_k": None})
     assert torch.equal(default.summaries[1].mean, summaries_for(p).mean)
     assert int(default.summaries[0].fill.sum()) == 0  # layers are independent
     assert torch.equal(default.select(1, p.q, p.cache, p.block_table, p.req, p.pos),
                        select_blocks(p.q, summaries_for(p), p.block_table, p.req, p.pos, method="quest"))
+
+
+def test_summary_indexer_states_the_bytes_it_allocates():
+    for method, per_head in (("quest", 768), ("mean", 256)):
+        state = SummaryIndexer.state_bytes(num_layers=3, num_kv_heads=2, method=method)
+        assert state == StateBytes(per_page=3 * (2 * per_head + 8), per_token=0)
+        indexer = SummaryIndexer(3, 10, 2, method=method)
+        assert indexer.state_nbytes() == 10 * state.per_page
+        assert indexer.save_tokens(0, torch.arange(5)) is None
 
 
 # ----------------------------------------------------------------------------------------- errors
@@ -337,4 +361,4 @@ def test_bad_arguments_raise_value_errors_naming_them():
     with pytest.raises(ValueError, match="method"):
         SummaryIndexer(1, 4, 2, method="max")
     with pytest.raises(ValueError, match="topk"):
-        oracle_blocks(q, cache, table, req, pos, 1.0, 0.1, topk=0)
+        oracle_blocks(torch.zeros(2, len(pos), table.shape[1], dtype=torch.float64), pos, topk=0)

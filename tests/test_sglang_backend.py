@@ -24,10 +24,18 @@ from sglang_nvfp4 import format as fmt  # noqa: E402
 from sglang_nvfp4.reference import sparse_prefill_reference  # noqa: E402
 from sglang_nvfp4.sglang import plugin  # noqa: E402
 from sglang_nvfp4.sglang.backend import NVFP4SparseAttnBackend, check_layer_supported  # noqa: E402
-from sglang_nvfp4.sglang.config import load_config  # noqa: E402
+from sglang_nvfp4.sglang.config import load_config, startup_config  # noqa: E402
 from sglang_nvfp4.sglang.kv_pool import NVFP4TokenToKVPool, bytes_per_token  # noqa: E402
 
 plugin.register()
+
+
+@pytest.fixture(autouse=True)
+def fresh_startup_config():
+    """The backend reads its configuration once per process; each test starts a new 'process'."""
+    startup_config.cache_clear()
+    yield
+    startup_config.cache_clear()
 
 
 def rel_err(a, b) -> float:
@@ -38,7 +46,8 @@ def rel_err(a, b) -> float:
 # A minimal runner: the pools and model facts the backend reads, nothing else.
 # ---------------------------------------------------------------------------------------------
 class Harness:
-    def __init__(self, num_heads=16, num_kv_heads=1, max_context_len=4096, num_reqs=4, num_pages=None, seed=0):
+    def __init__(self, num_heads=16, num_kv_heads=1, max_context_len=4096, num_reqs=4, num_pages=None, seed=0,
+                 indexer=None):
         self.gen = torch.Generator().manual_seed(seed)
         num_pages = num_pages or num_reqs * max_context_len // fmt.PAGE_SIZE + 2
         self.req_to_token_pool = ReqToTokenPool(size=num_reqs, max_context_len=max_context_len, device="cpu",
@@ -52,6 +61,8 @@ class Harness:
                                          is_encoder_decoder=False),
             spec_algorithm=SpeculativeAlgorithm.NONE, model=None, is_hybrid_swa=False, sliding_window_size=None,
         )
+        if indexer is not None:  # attached first: the backend then uses it instead of building its own
+            self.pool.attach_indexer(lambda: indexer)
         self.backend = NVFP4SparseAttnBackend(self.runner)
         self.layer = RadixAttention(num_heads, fmt.HEAD_DIM, fmt.HEAD_DIM**-0.5, num_kv_heads, layer_id=0)
         self.free_pages = torch.randperm(num_pages - 1, generator=self.gen) + 1  # page 0 stays the dummy page
@@ -104,9 +115,9 @@ class Harness:
         page lists and the indexer's selection for it."""
         cache = self.pool.layer_cache(0)
         q3 = q.view(-1, self.layer.tp_q_head_num, 128)
-        topk = self.pool.indexer.select(0, q3, cache, block_table, req, pos)
-        topk = torch.nn.functional.pad(topk, (0, fmt.TOPK - topk.shape[-1]), value=-1)
-        return sparse_prefill_reference(q3, cache, topk, block_table, req, pos, 1.0, 1.0, self.layer.scaling).view(len(q), -1)
+        block_ids = self.backend.indexer.select(0, q3, cache, block_table, req, pos)
+        return sparse_prefill_reference(q3, cache, block_ids, block_table, req, pos, 1.0, 1.0,
+                                        self.layer.scaling).view(len(q), -1)
 
 
 def table(page_lists) -> torch.Tensor:
@@ -175,7 +186,7 @@ def test_sparse_prefill_with_prefix_matches_reference_on_independent_metadata():
     pos = torch.cat([torch.arange(p, n) for n, p in zip(lens, prefixes)]).int()
     want = h.reference(fb, q, table(pages), req, pos)
     assert torch.equal(out, want)
-    assert (h.pool.indexer.select(0, q.view(-1, 16, 128), h.pool.layer_cache(0), table(pages), req, pos) >= 0).sum(-1).max() == 16
+    assert (h.backend.indexer.select(0, q.view(-1, 16, 128), h.pool.layer_cache(0), table(pages), req, pos) >= 0).sum(-1).max() == 16
 
 
 def test_radix_shared_prefix_pages_read_identical_data():
@@ -253,12 +264,13 @@ def test_dense_layers_attend_every_visible_block(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["mean", "quest"])
 def test_pool_bytes_per_token_and_capacity_vs_bf16(method):
-    per_token = bytes_per_token(num_kv_heads=4, num_layers=3, indexer_method=method)
+    per_token = bytes_per_token(4, 3, load_config({"NVFP4_SPARSE_INDEXER": method}).indexer_state_bytes(3, 4))
     assert 3 * 4 * 144 < per_token < 3 * 4 * 151
     assert 3 * 4 * 512 / per_token >= 3.4
     h = Harness(num_kv_heads=2)
     k_bytes, v_bytes = h.pool.get_kv_size_bytes()
-    assert v_bytes == h.pool.num_pages * 2 * 128 * 72 and k_bytes > v_bytes  # Hkv=2; K also counts summaries
+    assert v_bytes == h.pool.num_pages * 2 * 128 * 72  # Hkv=2
+    assert k_bytes == v_bytes + h.backend.indexer.state_nbytes() > v_bytes  # K also counts the summaries
 
 
 def test_pool_has_no_plain_kv_view():
@@ -278,12 +290,70 @@ def test_pool_moves_and_offload_copy_exact_bytes():
     h.pool.move_kv_cache(dst, src)
     cache = h.pool.layer_cache(0)
     assert torch.equal(fmt.read_token_records(cache, dst), fmt.read_token_records(cache, src))
-    summaries = h.pool.indexer.summaries[0]
+    summaries = h.backend.indexer.summaries[0]
     assert torch.equal(summaries.mean[dst_page[0]], summaries.mean[int(src[0]) // 128])
     saved = h.pool.get_cpu_copy(src)
     cache[int(src[0]) // 128].zero_()
     h.pool.load_cpu_copy(saved, src)
-    assert torch.equal(fmt.read_token_records(cache, src), saved[0])
+    assert torch.equal(fmt.read_token_records(cache, src), saved.records[0])
+
+
+class SlotStampIndexer:
+    """A model-provided indexer in miniature: per-token state (a stamp per slot) that must follow its
+    tokens through moves and offload, and the newest block plus block 0 as its selection."""
+
+    topk = 2
+
+    def __init__(self, num_slots: int):
+        self.stamp = torch.zeros(num_slots, dtype=torch.int32)
+
+    def state_nbytes(self) -> int:
+        return self.stamp.nbytes
+
+    def on_kv_written(self, layer_id, cache, slots, **model_inputs):
+        self.stamp[slots.long()] = slots.int() + 1
+
+    def save_tokens(self, layer_id, slots):
+        return self.stamp[slots.long()].clone()
+
+    def restore_tokens(self, layer_id, cache, slots, saved):
+        self.stamp[slots.long()] = saved
+
+    def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs):
+        own = (pos // fmt.PAGE_SIZE)[None, :, None]
+        ids = torch.cat([torch.zeros_like(own), own], dim=-1)
+        return torch.where((ids == 0) & (own > 0), ids, torch.where(ids == own, ids, -1)).int().expand(
+            fmt.check_cache(cache), -1, -1).contiguous()
+
+
+def test_a_model_indexer_plugs_in_without_touching_pool_or_kernels():
+    """The pool forwards writes, moves and offload restores to whatever indexer the backend attached;
+    backends of one pool share it; the kernels attend its selection."""
+    num_pages = 4 * 4096 // fmt.PAGE_SIZE + 2
+    stamp = SlotStampIndexer(num_pages * fmt.PAGE_SIZE)
+    h = Harness(num_kv_heads=1, num_pages=num_pages, seed=9, indexer=stamp)
+    assert h.backend.indexer is stamp and NVFP4SparseAttnBackend(h.runner).indexer is stamp
+    n = 300
+    pages = h.take_pages(3)
+    h.map_request(0, pages, n)
+    q, k, v = h.qkv(n)
+    out = h.forward(h.batch(ForwardMode.EXTEND, [0], [n], [n]), q, k, v)
+    src = h.req_to_token_pool.req_to_token[0, :n].long()
+    assert torch.equal(stamp.stamp[src], src.int() + 1)
+    pos = torch.arange(n, dtype=torch.int32)
+    ids = stamp.select(0, None, h.pool.layer_cache(0), None, None, pos)
+    want = sparse_prefill_reference(q.view(n, 16, 128), h.pool.layer_cache(0), ids, table([pages]),
+                                    torch.zeros(n, dtype=torch.int32), pos, 1.0, 1.0, h.layer.scaling)
+    assert torch.equal(out, want.view(n, -1))
+    dst_pages = h.take_pages(3)
+    dst = (torch.tensor(dst_pages)[torch.arange(n) // 128] * 128 + torch.arange(n) % 128).long()
+    h.pool.move_kv_cache(dst, src)
+    assert torch.equal(stamp.stamp[dst], src.int() + 1)
+    saved = h.pool.get_cpu_copy(src)
+    stamp.stamp[src] = 0
+    h.pool.load_cpu_copy(saved, src)
+    assert torch.equal(stamp.stamp[src], src.int() + 1)
+    assert h.pool.get_kv_size_bytes()[0] == h.pool.num_pages * 128 * 72 + stamp.stamp.nbytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +388,7 @@ def test_unsupported_head_dim_fails_at_startup():
     "env, match",
     [({"NVFP4_SPARSE_TOPK": "17"}, "TOPK"), ({"NVFP4_SPARSE_TOPK": "x"}, "TOPK"),
      ({"NVFP4_SPARSE_INDEXER": "oracle"}, "INDEXER"), ({"NVFP4_SPARSE_SINK_BLOCKS": "16"}, "SINK"),
-     ({"NVFP4_SPARSE_DENSE_LAYERS": "1,a"}, "DENSE_LAYERS")],
+     ({"NVFP4_SPARSE_DENSE_LAYERS": "1,a"}, "DENSE_LAYERS"), ({"NVFP4_SPARSE_KERNEL": "bogus"}, "KERNEL")],
 )
 def test_bad_configuration_names_the_variable(env, match):
     with pytest.raises(ValueError, match=match):

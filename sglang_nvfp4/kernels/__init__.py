@@ -1,26 +1,37 @@
 """Kernel dispatcher: the only entry point other modules call for attention and cache writes.
 
-``sparse_prefill`` / ``sparse_decode`` follow :func:`sglang_nvfp4.reference.sparse_prefill_reference`
-(same arguments and semantics, plus ``out=``); ``write_kv`` follows :func:`sglang_nvfp4.format.write_kv`
-bit for bit. The implementation is picked by the tensors' device:
+Attention is planned once per forward and run per layer, as FlashInfer's wrappers do:
+
+    plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=Hkv)
+    for each layer:
+        plan.run(q, cache, block_ids, k_scale, v_scale, sm_scale, out=out)
+
+:func:`plan_attention` validates the metadata every layer shares (``block_table``, ``req``, ``pos``: see
+:mod:`sglang_nvfp4.reference`) and resolves the implementation; :meth:`AttentionPlan.run` checks only
+that the layer's tensors have the planned sizes and launches. :func:`sparse_prefill` /
+:func:`sparse_decode` are the one-call forms (full validation, then plan and run), and :func:`write_kv`
+follows :func:`sglang_nvfp4.format.write_kv` bit for bit.
+
+Which implementation serves a plan (:func:`resolve_implementation`):
 
 * CPU: the torch reference (exact, slow).
 * CUDA and ROCm: the Triton kernels (``triton_prefill``, ``triton_decode``, ``triton_write``).
-* ROCm gfx950: FlyDSL for ``sparse_prefill`` when ``sglang_nvfp4.kernels.flydsl`` imports and its
-  ``is_available(device)`` is true, for the shapes its ``supports(q, cache, topk)`` accepts; other
-  shapes, decode and cache writes stay on Triton.
+* ROCm gfx950: FlyDSL for prefill when ``sglang_nvfp4.kernels.flydsl`` imports and reports itself
+  available, for the layers whose shape it serves (``flydsl.supports``: 16 query heads per KV head,
+  at most 16 ids per token); other layers, decode and cache writes stay on Triton.
 
-``NVFP4_SPARSE_KERNEL=reference|triton|flydsl`` forces an implementation on any device (read at each
-call). ``triton`` on CPU tensors runs the kernels in Triton's interpreter, which needs
-``TRITON_INTERPRET=1`` set before the kernel modules are imported.
+``NVFP4_SPARSE_KERNEL=reference|triton|flydsl`` forces an implementation on any device; it is read
+when a plan is made (once per forward in the SGLang backend) and by each :func:`write_kv`. ``triton``
+on CPU tensors runs the kernels in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set before
+the kernel modules are imported.
 
-Arguments are validated once here: shapes, dtypes and devices, with no device sync on the kernel
-paths (the reference path also range-checks the ids, which syncs). The kernels rely on the
-reference's preconditions: ids below the block table's width, selected blocks mapped to valid
-pages, distinct in-range write slots. Global scales may be floats or one-element tensors; the
-kernels read a tensor scale through a pointer, so a fp32 scale on the cache's device keeps CUDA
-graphs free of host syncs. Any top-k width ``K >= 1`` is accepted (the kernels pad it to a power of
-two); the kernels are tuned for ``K = format.TOPK``.
+The kernel paths never sync with the device; the reference path also range-checks the ids. The
+kernels rely on the reference's preconditions: ids below the block table's width, selected blocks
+mapped to valid pages, distinct in-range write slots. Global scales are normalised by
+:func:`sglang_nvfp4.format.global_scale` (a float, or a one-element fp32 tensor on the cache's device,
+which the kernels read through a pointer and so keeps CUDA graphs free of host syncs). Any block-id
+width ``K >= 1`` is accepted (the kernels pad it to a power of two); they are tuned for
+``K = format.TOPK``.
 """
 
 from __future__ import annotations
@@ -31,13 +42,33 @@ import os
 import torch
 
 from .. import format as fmt
-from ..reference import sparse_prefill_reference, validate_sparse_args
+from ..reference import check_token_metadata, sparse_prefill_reference, validate_sparse_args
 
-__all__ = ["sparse_prefill", "sparse_decode", "write_kv", "backend_name"]
+__all__ = [
+    "AttentionPlan",
+    "plan_attention",
+    "sparse_prefill",
+    "sparse_decode",
+    "write_kv",
+    "resolve_implementation",
+    "forced_implementation",
+    "FORCE_ENV",
+    "IMPLEMENTATIONS",
+]
 
 FORCE_ENV = "NVFP4_SPARSE_KERNEL"
-BACKENDS = ("reference", "triton", "flydsl")
+IMPLEMENTATIONS = ("reference", "triton", "flydsl")
+KINDS = ("prefill", "decode")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def forced_implementation(env=None) -> str | None:
+    """The implementation ``NVFP4_SPARSE_KERNEL`` forces (``None`` when unset); ``ValueError`` for
+    another value. ``env`` defaults to ``os.environ``."""
+    forced = (os.environ if env is None else env).get(FORCE_ENV, "")
+    if forced and forced not in IMPLEMENTATIONS:
+        raise ValueError(f"{FORCE_ENV}={forced!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
+    return forced or None
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,15 +83,13 @@ def _flydsl_serves(device: torch.device) -> bool:
     return bool(flydsl.is_available(device))
 
 
-def backend_name(device: torch.device | str) -> str:
-    """Which implementation serves ``sparse_prefill`` on ``device``: ``"reference"``, ``"triton"`` or
+def resolve_implementation(device: torch.device | str) -> str:
+    """Which implementation serves attention on ``device``: ``"reference"``, ``"triton"`` or
     ``"flydsl"`` (``NVFP4_SPARSE_KERNEL`` overrides)."""
-    device = torch.device(device)
-    forced = os.environ.get(FORCE_ENV, "")
+    forced = forced_implementation()
     if forced:
-        if forced not in BACKENDS:
-            raise ValueError(f"{FORCE_ENV}={forced!r}: expected one of {', '.join(BACKENDS)}")
         return forced
+    device = torch.device(device)
     if device.type == "cpu":
         return "reference"
     if device.type == "cuda" and torch.version.hip is None:
@@ -72,67 +101,106 @@ def backend_name(device: torch.device | str) -> str:
     raise ValueError(f"no sparse-attention kernel for device {device}")
 
 
-def _check_out(out, q):
-    if out is None:
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out: expected {q.dtype} {tuple(q.shape)} on {q.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    return out
+def _reference_launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
+    return out.copy_(sparse_prefill_reference(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale))
 
 
-def _check_scale(name, scale, device):
-    """A float passes as is; a tensor must have one element and becomes fp32 on ``device``."""
-    if isinstance(scale, torch.Tensor):
-        if scale.numel() != 1 or not scale.dtype.is_floating_point:
-            raise ValueError(f"{name}: expected a float or a one-element float tensor, got {scale.dtype} {tuple(scale.shape)}")
-        return scale.detach().reshape(1).to(device=device, dtype=torch.float32)
-    return float(scale)
+class AttentionPlan:
+    """Sparse attention planned for one forward: the shared metadata, validated, and the launcher.
 
+    Built by :func:`plan_attention`; attributes ``kind``, ``implementation``, ``block_table``, ``req``,
+    ``pos``, ``num_tokens``, ``num_kv_heads``."""
 
-def _attention(kind, q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out):
-    validate_sparse_args(q, cache, topk, block_table, req, pos)
-    out = _check_out(out, q)
-    impl = backend_name(q.device)
-    if impl == "reference":
-        out.copy_(sparse_prefill_reference(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale))
+    def __init__(self, kind: str, implementation: str, block_table: torch.Tensor, req: torch.Tensor,
+                 pos: torch.Tensor, num_kv_heads: int):
+        self.kind, self.implementation = kind, implementation
+        self.block_table, self.req, self.pos = block_table, req.contiguous(), pos.contiguous()
+        self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
+        self._launch = self._launcher(implementation)
+        # FlyDSL serves the prefill layers whose shape it supports; the others fall back to Triton.
+        self._flydsl_supports = None
+        if implementation == "flydsl" and kind == "prefill":
+            from . import flydsl
+
+            self._flydsl_supports, self._fallback = flydsl.supports, self._launcher("triton")
+
+    def _launcher(self, implementation: str):
+        if implementation == "reference":
+            return _reference_launch
+        if implementation == "flydsl" and self.kind == "prefill":
+            from . import flydsl
+
+            return flydsl.launch
+        if self.kind == "prefill":
+            from . import triton_prefill
+
+            return triton_prefill.launch
+        from . import triton_decode  # FlyDSL has no decode kernel: Triton serves it on every GPU
+
+        return triton_decode.launch
+
+    def run(self, q: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor, k_scale, v_scale,
+            sm_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One layer: ``q [T, H, 128]`` over ``cache`` with ``block_ids`` int32 ``[Hkv, T, K]``; returns
+        ``out [T, H, 128]`` in q's dtype. ``k_scale``/``v_scale`` as normalised by
+        :func:`sglang_nvfp4.format.global_scale`."""
+        t, hkv, h = self.num_tokens, self.num_kv_heads, q.shape[1]
+        if q.shape[0] != t or h % hkv or block_ids.shape[:2] != (hkv, t) or cache.shape[1] != 2 * hkv:
+            raise ValueError(f"run: planned for {t} tokens over {hkv} KV heads, got q {tuple(q.shape)}, "
+                             f"block_ids {tuple(block_ids.shape)}, cache {tuple(cache.shape)}")
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out: expected {q.dtype} {tuple(q.shape)} on {q.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        launch = self._launch
+        if self._flydsl_supports is not None and not self._flydsl_supports(h, hkv, block_ids.shape[2]):
+            launch = self._fallback
+        if launch is _reference_launch:
+            return launch(q, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, sm_scale, out)
+        q_in = q if q.stride(-1) == 1 else q.contiguous()
+        out_k = out if out.stride(-1) == 1 else torch.empty_like(q_in)
+        launch(q_in, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, float(sm_scale), out_k)
+        if out_k is not out:
+            out.copy_(out_k)
         return out
-    k_scale, v_scale = _check_scale("k_scale", k_scale, q.device), _check_scale("v_scale", v_scale, q.device)
-    q_in = q if q.stride(-1) == 1 else q.contiguous()
-    out_k = out if out.stride(-1) == 1 else torch.empty_like(q_in)
-    args = (q_in, cache, topk, block_table, req, pos, k_scale, v_scale, float(sm_scale), out_k)
-    if kind == "prefill" and impl == "flydsl":
-        from . import flydsl
-
-        impl = "flydsl" if flydsl.supports(q, cache, topk) else "triton"
-    if kind == "prefill" and impl == "flydsl":
-        flydsl.sparse_prefill(*args)
-    elif kind == "prefill":
-        from . import triton_prefill
-
-        triton_prefill.sparse_prefill(*args)
-    else:
-        from . import triton_decode
-
-        triton_decode.sparse_decode(*args)
-    if out_k is not out:
-        out.copy_(out_k)
-    return out
 
 
-def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out=None):
-    """Sparse attention of ``q [T, H, 128]`` over the NVFP4 ``cache``; returns ``out [T, H, 128]`` (q's dtype)."""
-    return _attention("prefill", q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out)
+def plan_attention(kind: str, block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, *,
+                   num_kv_heads: int) -> AttentionPlan:
+    """Plan sparse attention for one forward. ``kind``: ``"prefill"`` (any tokens) or ``"decode"`` (one
+    query token per request); ``block_table`` int32 ``[R, S]``, ``req``/``pos`` int32 ``[T]`` on one
+    device (see :mod:`sglang_nvfp4.reference`)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    if num_kv_heads < 1:
+        raise ValueError(f"num_kv_heads: must be >= 1, got {num_kv_heads}")
+    check_token_metadata(block_table, req, pos, pos.numel(), block_table.device)
+    return AttentionPlan(kind, resolve_implementation(block_table.device), block_table, req, pos, num_kv_heads)
 
 
-def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out=None):
+def _attention(kind, q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
+    _, _, hkv = validate_sparse_args(q, cache, block_ids, block_table, req, pos)
+    k_scale = fmt.global_scale(k_scale, q.device, name="k_scale")
+    v_scale = fmt.global_scale(v_scale, q.device, name="v_scale")
+    plan = plan_attention(kind, block_table, req, pos, num_kv_heads=hkv)
+    return plan.run(q, cache, block_ids, k_scale, v_scale, sm_scale, out)
+
+
+def sparse_prefill(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out=None):
+    """Sparse attention of ``q [T, H, 128]`` over the NVFP4 ``cache``; returns ``out [T, H, 128]`` (q's
+    dtype). Validates everything, then plans and runs once."""
+    return _attention("prefill", q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out)
+
+
+def sparse_decode(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out=None):
     """One query token per request (``T`` = batch); same contract as :func:`sparse_prefill`."""
-    return _attention("decode", q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out)
+    return _attention("decode", q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out)
 
 
 def _validate_write_args(cache, slots, k, v) -> None:
     hkv = fmt.check_cache(cache)
-    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slots: expected int32/int64 [N], got {slots.dtype} {tuple(slots.shape)}")
+    fmt.check_slots(slots)
     for name, t in (("k", k), ("v", v)):
         if t.shape != (slots.shape[0], hkv, fmt.HEAD_DIM) or t.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"{name}: expected bf16/fp16/fp32 {(slots.shape[0], hkv, fmt.HEAD_DIM)}, got {t.dtype} {tuple(t.shape)}")
@@ -143,14 +211,13 @@ def _validate_write_args(cache, slots, k, v) -> None:
 
 def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
     """Quantize ``k, v [N, Hkv, 128]`` into ``cache`` at ``slots [N]`` (see :func:`format.write_kv`)."""
-    impl = backend_name(cache.device)
-    if impl == "reference":
+    if resolve_implementation(cache.device) == "reference":
         fmt.write_kv(cache, slots, k, v, k_scale, v_scale)
         return
     _validate_write_args(cache, slots, k, v)
     from . import triton_write  # FlyDSL has no cache write: Triton serves it on every GPU
 
-    triton_write.write_kv(
+    triton_write.launch(
         cache, slots, k if k.stride(-1) == 1 else k.contiguous(), v if v.stride(-1) == 1 else v.contiguous(),
-        _check_scale("k_scale", k_scale, cache.device), _check_scale("v_scale", v_scale, cache.device),
+        fmt.global_scale(k_scale, cache.device, name="k_scale"), fmt.global_scale(v_scale, cache.device, name="v_scale"),
     )

@@ -1,13 +1,19 @@
 """``nvfp4_sparse``: SGLang attention backend over the NVFP4 KV pool with top-k block sparsity.
 
+The backend owns block selection: at start-up it resolves the configuration once
+(:func:`.config.startup_config`) and has the configured :class:`~sglang_nvfp4.indexer.BlockIndexer` built
+beside the pool, which tells it about every cache write.
+
 Per forward, :meth:`NVFP4SparseAttnBackend.init_forward_metadata` builds once, from SGLang's
 ``req_to_token`` table, what every layer shares: a block table per batch request
-(``req_to_token[req, ::128] // 128``: the page of each 128-token block), and for each query token its
+(``req_to_token[req, ::128] // 128``: the page of each 128-token block), for each query token its
 batch row and position (radix prefix and chunked-prefill offsets included; starts need not be page
-aligned). It is rebuilt on every forward because the radix cache may move a request's pages.
-Per layer, ``forward_*`` writes the new K/V into the pool, lets the indexer pick blocks for each
-token and KV head, and calls the kernel dispatcher. Decode CUDA graphs refresh static copies of the
-same metadata in place (padded rows: request row 0, position 0).
+aligned), the selection of dense layers when any are configured, and the kernel plan
+(:func:`sglang_nvfp4.kernels.plan_attention`). It is rebuilt on every forward because the radix cache
+may move a request's pages. Per layer, ``forward_*`` writes the new K/V into the pool, asks the
+indexer for the block ids of each token and KV head (dense layers take the forward's all-visible
+selection) and runs the plan. Decode CUDA graphs refresh static copies of the same metadata in place
+(padded rows: request row 0, position 0).
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 
 from .. import format as fmt
 from .. import kernels
+from ..indexer import all_visible_blocks
 from . import BACKEND_NAME
-from .config import load_config
+from .config import startup_config
 from .kv_pool import NVFP4TokenToKVPool, layer_scales
 
 
@@ -30,6 +37,8 @@ class SparseForwardMetadata:
     block_table: torch.Tensor  # int32 [B, S]: page of block s of batch request b
     req: torch.Tensor  # int32 [T]: batch row of each query token
     pos: torch.Tensor  # int32 [T]: position of each query token in its request
+    plan: kernels.AttentionPlan  # the kernels for this forward, over the metadata above
+    dense_block_ids: torch.Tensor | None  # int32 [1, T, S]: every visible block (dense layers), or None
 
 
 def _blocks(num_tokens: int) -> int:
@@ -89,10 +98,25 @@ class NVFP4SparseAttnBackend(AttentionBackend):
                 f"{BACKEND_NAME} (they share the NVFP4 cache), and the sglang_nvfp4 plugin must be loaded"
             )
         check_model_supported(model_runner)
-        self.config = load_config()
+        self.config = startup_config()
+        pool = self.token_to_kv_pool
+        self.indexer = pool.attach_indexer(
+            lambda: self.config.build_indexer(pool.layer_num, pool.num_pages, pool.head_num, pool.device))
+        # Per local layer: attends every visible block (NVFP4_SPARSE_DENSE_LAYERS).
+        self.dense_layer = [self.config.is_dense_layer(pool.start_layer + i) for i in range(pool.layer_num)]
         self.max_blocks = _blocks(model_runner.model_config.context_len)
         self.forward_metadata: SparseForwardMetadata | None = None
-        self._graph_block_table = self._graph_req = self._graph_pos = None
+        self._graph_block_table = self._graph_req = self._graph_pos = self._graph_dense_block_ids = None
+
+    def _metadata(self, kind: str, block_table, req, pos, dense_out=None) -> SparseForwardMetadata:
+        """What every layer of this forward shares: the metadata, the dense selection (written into
+        ``dense_out`` when given: CUDA graphs read static buffers), the kernel plan."""
+        plan = kernels.plan_attention(kind, block_table, req, pos, num_kv_heads=self.token_to_kv_pool.head_num)
+        dense = None
+        if any(self.dense_layer):
+            dense = all_visible_blocks(pos, block_table.shape[1])
+            dense = dense if dense_out is None else dense_out.copy_(dense)
+        return SparseForwardMetadata(block_table, req, pos, plan, dense)
 
     # ---- metadata, once per forward -------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
@@ -117,13 +141,16 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             starts = torch.cumsum(forward_batch.extend_seq_lens, 0) - forward_batch.extend_seq_lens
             pos = (forward_batch.extend_prefix_lens[req] + token - starts[req]).to(torch.int32)
             req = req.to(torch.int32)
-        self.forward_metadata = SparseForwardMetadata(block_table, req, pos)
+        self.forward_metadata = self._metadata("decode" if mode.is_decode() else "prefill", block_table, req, pos)
 
     # ---- decode CUDA graphs -----------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         self._graph_block_table = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=self.device)
         self._graph_req = torch.arange(max_bs, dtype=torch.int32, device=self.device)
         self._graph_pos = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        if any(self.dense_layer):
+            self._graph_dense_block_ids = torch.full((1, max_bs, self.max_blocks), -1, dtype=torch.int32,
+                                                     device=self.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         """Refresh the static decode metadata in place before capture / replay."""
@@ -135,15 +162,15 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             build_block_table(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], self.max_blocks)
         )
         self._graph_pos[:bs].copy_(forward_batch.seq_lens[:bs] - 1)
-        self.forward_metadata = SparseForwardMetadata(
-            self._graph_block_table[:bs], self._graph_req[:bs], self._graph_pos[:bs]
-        )
+        dense_out = None if self._graph_dense_block_ids is None else self._graph_dense_block_ids[:, :bs]
+        self.forward_metadata = self._metadata(
+            "decode", self._graph_block_table[:bs], self._graph_req[:bs], self._graph_pos[:bs], dense_out)
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 
     # ---- per layer ---------------------------------------------------------------------------
-    def _attend(self, q, k, v, layer, forward_batch, save_kv_cache, attend_fn, kwargs):
+    def _attend(self, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
         if kwargs.get("sinks") is not None:
             raise NotImplementedError(f"{BACKEND_NAME}: attention sinks are not supported")
         pool = self.token_to_kv_pool
@@ -151,30 +178,18 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        topk = self._select(q3, layer, md)
+        cache = pool.layer_cache(layer.layer_id)
+        local_id = layer.layer_id - pool.start_layer
+        if self.dense_layer[local_id]:
+            block_ids = md.dense_block_ids.expand(layer.tp_k_head_num, -1, -1)
+        else:
+            block_ids = self.indexer.select(local_id, q3, cache, md.block_table, md.req, md.pos)
         k_scale, v_scale = layer_scales(layer)
-        out = attend_fn(q3, pool.layer_cache(layer.layer_id), topk, md.block_table, md.req, md.pos,
-                        k_scale, v_scale, layer.scaling)
+        out = md.plan.run(q3, cache, block_ids, k_scale, v_scale, layer.scaling)
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    def _select(self, q3, layer, md) -> torch.Tensor:
-        """``int32 [Hkv, T, K]`` blocks per KV head and token: the indexer's top-k padded to ``TOPK``,
-        or every visible block (``K`` = block-table width) for layers kept dense."""
-        pool = self.token_to_kv_pool
-        local_id = layer.layer_id - pool.start_layer
-        if self.config.is_dense_layer(layer.layer_id):
-            width = md.block_table.shape[1]
-            ids = torch.arange(width, dtype=torch.int32, device=md.pos.device)
-            own = (md.pos // fmt.PAGE_SIZE)[:, None]
-            blocks = torch.where(ids[None, :] <= own, ids[None, :], -1)
-            return blocks[None].expand(layer.tp_k_head_num, -1, -1).contiguous()
-        topk = pool.indexer.select(local_id, q3, pool.layer_cache(layer.layer_id), md.block_table, md.req, md.pos)
-        if topk.shape[-1] < fmt.TOPK:
-            topk = torch.nn.functional.pad(topk, (0, fmt.TOPK - topk.shape[-1]), value=-1)
-        return topk
-
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kernels.sparse_prefill, kwargs)
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kernels.sparse_decode, kwargs)
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kwargs)

@@ -1,4 +1,5 @@
-"""Backend configuration from environment variables (prefix ``NVFP4_SPARSE_``), read once at startup.
+"""Backend configuration from environment variables (prefix ``NVFP4_SPARSE_``), resolved once per process
+(:func:`startup_config`) and handed to the pool sizing and the backend.
 
 =============================  =======  ==========================================================
 variable                       default  meaning
@@ -11,22 +12,27 @@ variable                       default  meaning
                                         or ``mean`` (mean key; a third of the summary memory)
 ``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
                                         (dense attention over the NVFP4 cache), or ``all``
+``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton`` or ``flydsl`` kernels; validated
+                                        here, read by the kernel dispatcher at each forward's plan
 =============================  =======  ==========================================================
 
 A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
 all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every layer. Bad values
-raise ``ValueError`` naming the variable when the backend is created (server start-up).
+raise ``ValueError`` naming the variable at the first read in a process (the pool sizing at server
+start-up).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
 from .. import format as fmt
+from .. import kernels
+from ..indexer import METHODS, BlockIndexer, StateBytes, SummaryIndexer
 
 _PREFIX = "NVFP4_SPARSE_"
-INDEXER_METHODS = ("quest", "mean")
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,15 @@ class SparseConfig:
 
     def is_dense_layer(self, layer_id: int) -> bool:
         return self.dense_layers is None or layer_id in self.dense_layers
+
+    def indexer_state_bytes(self, num_layers: int, num_kv_heads: int) -> StateBytes:
+        """Memory of the indexer :meth:`build_indexer` makes, known before it is built (pool sizing)."""
+        return SummaryIndexer.state_bytes(num_layers, num_kv_heads, self.indexer)
+
+    def build_indexer(self, num_layers: int, num_pages: int, num_kv_heads: int, device) -> BlockIndexer:
+        """The configured indexer for one process's layers and pool pages."""
+        return SummaryIndexer(num_layers, num_pages, num_kv_heads, device, method=self.indexer, topk=self.topk,
+                              sink_blocks=self.sink_blocks, local_blocks=self.local_blocks)
 
 
 def _int(env, name: str, default: int, lo: int, hi: int) -> int:
@@ -61,8 +76,8 @@ def load_config(env=None) -> SparseConfig:
     sink = _int(env, "SINK_BLOCKS", 1, 0, topk - 1)
     local = _int(env, "LOCAL_BLOCKS", 1, 0, topk - 1 - sink)
     indexer = env.get(_PREFIX + "INDEXER") or "quest"
-    if indexer not in INDEXER_METHODS:
-        raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXER_METHODS}")
+    if indexer not in METHODS:
+        raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {METHODS}")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
@@ -73,4 +88,12 @@ def load_config(env=None) -> SparseConfig:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: expected 'all' or comma-separated layer ids") from None
         if any(x < 0 for x in dense):
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: layer ids must be >= 0")
+    kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     return SparseConfig(topk, sink, local, indexer, dense)
+
+
+@functools.cache
+def startup_config() -> SparseConfig:
+    """The process's configuration: :func:`load_config` of the environment, read once (pool sizing and
+    the backend share it)."""
+    return load_config()

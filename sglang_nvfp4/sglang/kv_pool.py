@@ -1,16 +1,22 @@
-"""NVFP4 KV pool for SGLang: one ``uint8 [pages, 2*Hkv, 128, 72]`` cache per layer plus the indexer's
-block summaries, behind SGLang's ``MHATokenToKVPool`` interface.
+"""NVFP4 KV pool for SGLang: one ``uint8 [pages, 2*Hkv, 128, 72]`` cache per layer behind SGLang's
+``MHATokenToKVPool`` interface.
 
 Slots keep SGLang's meaning (``slot = page * 128 + row``; the page size must be 128). K/V handed to
 :meth:`set_kv_buffer` are quantized on the way in with the layer's fp32 global scales
 (``layer.k_scale_float`` / ``layer.v_scale_float`` when the checkpoint provides them, else 1.0).
 There is no bf16 view of this cache: ``get_key_buffer`` & co raise, so nothing can read packed bytes as
 if they were bf16; attention reads the cache through :meth:`layer_cache`.
+
+The pool knows nothing of block selection. The backend has its indexer built beside the pool by
+:meth:`attach_indexer` (in the pool's KV-cache memory region); the pool then tells it about every write,
+move and offload restore, and counts its memory in :meth:`get_kv_size_bytes`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
@@ -18,8 +24,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
 from .. import format as fmt
 from .. import kernels
-from ..indexer import BlockSummaries, SummaryIndexer
-from .config import load_config
+from ..indexer import BlockIndexer, StateBytes
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +36,18 @@ def layer_scales(layer) -> tuple[float, float]:
     return (1.0 if k is None else float(k)), (1.0 if v is None else float(v))
 
 
-def _tensor_bytes(obj) -> int:
-    """Bytes of the tensors an object holds as attributes (block summaries)."""
-    return sum(t.nbytes for t in vars(obj).values() if isinstance(t, torch.Tensor))
+def bytes_per_token(num_kv_heads: int, num_layers: int, indexer_state: StateBytes) -> float:
+    """Pool bytes per token slot, NVFP4 cache plus the indexer's state (for SGLang's memory planner)."""
+    return num_layers * num_kv_heads * fmt.BYTES_PER_TOKEN_PER_HEAD + indexer_state.per_slot()
 
 
-def bytes_per_token(num_kv_heads: int, num_layers: int, indexer_method: str) -> float:
-    """Pool bytes per token slot, cache plus block summaries (for SGLang's memory planner)."""
-    one_page = BlockSummaries(1, num_kv_heads, "cpu", minmax=indexer_method == "quest")
-    return num_layers * (num_kv_heads * fmt.BYTES_PER_TOKEN_PER_HEAD + _tensor_bytes(one_page) / fmt.PAGE_SIZE)
+@dataclass
+class TokenBackup:
+    """What :meth:`NVFP4TokenToKVPool.get_cpu_copy` saves of some tokens, per layer: their exact cache
+    bytes (:func:`sglang_nvfp4.format.read_token_records`) and the indexer's per-token state."""
+
+    records: list[torch.Tensor]
+    indexer_state: list[torch.Tensor | None]
 
 
 class NVFP4TokenToKVPool(MHATokenToKVPool):
@@ -53,14 +61,10 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
             )
         if self.page_size != fmt.PAGE_SIZE:
             raise ValueError(f"nvfp4_sparse: page size {self.page_size} is not supported, use --page-size {fmt.PAGE_SIZE}")
-        config = load_config()
         self.num_pages = -(-(self.size + self.page_size) // fmt.PAGE_SIZE)
+        self._indexer: BlockIndexer | None = None  # set by attach_indexer()
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.kv_cache = [fmt.alloc_cache(self.num_pages, self.head_num, self.device) for _ in range(self.layer_num)]
-            self.indexer = SummaryIndexer(
-                self.layer_num, self.num_pages, self.head_num, self.device, method=config.indexer,
-                topk=config.topk, sink_blocks=config.sink_blocks, local_blocks=config.local_blocks,
-            )
         # K and V halves of each page, for SGLang's size accounting; never read as tokens.
         self.k_buffer = [c[:, : self.head_num] for c in self.kv_cache]
         self.v_buffer = [c[:, self.head_num :] for c in self.kv_cache]
@@ -81,13 +85,24 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
             bf16_tokens, self.size / max(bf16_tokens, 1),
         )
 
+    def attach_indexer(self, build: Callable[[], BlockIndexer]) -> BlockIndexer:
+        """The indexer this pool tells about every write, move and restore. The first call runs ``build()``
+        in the pool's KV-cache memory region (SGLang's memory saver releases it with the cache); later
+        calls return the same indexer, so the backends of one pool share it (two-batch overlap builds
+        several)."""
+        if self._indexer is None:
+            with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+                self._indexer = build()
+        return self._indexer
+
     def layer_cache(self, layer_id: int) -> torch.Tensor:
         """The layer's NVFP4 cache ``uint8 [pages, 2*Hkv, 128, 72]``."""
         return self.kv_cache[layer_id - self.start_layer]
 
     def get_kv_size_bytes(self):
+        """(K bytes + the indexer's state, V bytes): SGLang's KV memory accounting."""
         k_bytes, v_bytes = super().get_kv_size_bytes()
-        return k_bytes + sum(_tensor_bytes(s) for s in self.indexer.summaries), v_bytes
+        return k_bytes + (self._indexer.state_nbytes() if self._indexer is not None else 0), v_bytes
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
                       layer_id_override=None, dcp_kv_mask=None):
@@ -104,7 +119,8 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         k = cache_k.view(-1, self.head_num, fmt.HEAD_DIM)
         v = cache_v.view(-1, self.head_num, fmt.HEAD_DIM)
         kernels.write_kv(cache, loc, k, v, ks, vs)
-        self.indexer.on_kv_written(layer_id - self.start_layer, cache, loc, k)
+        if self._indexer is not None:
+            self._indexer.on_kv_written(layer_id - self.start_layer, cache, loc)
 
     def _no_plain_view(self, *_args, **_kwargs):
         raise NotImplementedError(
@@ -117,21 +133,30 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
 
     # Whole-token moves and retraction offload copy exact bytes (no requantization).
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor):
-        records = [fmt.read_token_records(cache, src_loc) for cache in self.kv_cache]
-        self._put_records(tgt_loc, records)
+        self._restore(tgt_loc, self._backup(src_loc, to_cpu=False))
 
-    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
-        return [fmt.read_token_records(cache, indices).cpu() for cache in self.kv_cache]
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None) -> TokenBackup:
+        return self._backup(indices, to_cpu=True)
 
-    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
-        self._put_records(indices, kv_cache_cpu)
+    def load_cpu_copy(self, kv_cache_cpu: TokenBackup, indices, mamba_indices=None, req_pool_index=None):
+        self._restore(indices, kv_cache_cpu)
 
-    def _put_records(self, slots: torch.Tensor, records_per_layer) -> None:
-        for local_id, (cache, records) in enumerate(zip(self.kv_cache, records_per_layer)):
+    def _backup(self, slots: torch.Tensor, *, to_cpu: bool) -> TokenBackup:
+        records, state = [], []
+        for local_id, cache in enumerate(self.kv_cache):
+            records.append(fmt.read_token_records(cache, slots))
+            state.append(self._indexer.save_tokens(local_id, slots) if self._indexer is not None else None)
+        if to_cpu:
+            records = [r.cpu() for r in records]
+            state = [None if s is None else s.cpu() for s in state]
+        return TokenBackup(records, state)
+
+    def _restore(self, slots: torch.Tensor, backup: TokenBackup) -> None:
+        for local_id, (cache, records, state) in enumerate(zip(self.kv_cache, backup.records, backup.indexer_state)):
             fmt.write_token_records(cache, slots, records)
-            # The original K is gone: indexers see the stored K (without the layer's global scale).
-            k = fmt.dequantize_nvfp4(records[..., : fmt.SCALE_OFFSET], records[..., fmt.SCALE_OFFSET : fmt.ROW_BYTES], 1.0)
-            self.indexer.on_kv_written(local_id, cache, slots, k.to(cache.device))
+            if self._indexer is not None:
+                saved = None if state is None else state.to(cache.device)
+                self._indexer.restore_tokens(local_id, cache, slots.to(cache.device), saved)
 
     def get_contiguous_buf_infos(self):
         raise NotImplementedError("nvfp4_sparse does not support PD disaggregation KV transfer")

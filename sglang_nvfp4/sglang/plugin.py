@@ -9,9 +9,10 @@ detokenizer, ``sglang.Engine``). It uses only SGLang's extension points:
   server arguments (page size 128 set when unset, clear errors for what the backend cannot serve);
 * ``HookRegistry`` AROUND hooks that act only while ``nvfp4_sparse`` is the configured backend:
   ``SRTPlatform.get_kv_pool_cls`` (install :class:`NVFP4TokenToKVPool` for MHA models),
-  ``DefaultPoolConfigurator._compute_cell_size`` (size the pool at NVFP4 bytes per token, so
-  ``max_total_num_tokens`` grows ~3.5x over bf16), and ``models.utils.enable_fused_set_kv_buffer``
-  (models that would write bf16 K/V into the cache themselves go through the pool instead).
+  ``DefaultPoolConfigurator._compute_cell_size`` (size the pool at NVFP4 bytes per token plus the
+  indexer's state, so ``max_total_num_tokens`` grows ~3.5x over bf16), and
+  ``models.utils.enable_fused_set_kv_buffer`` (models that would write bf16 K/V into the cache
+  themselves go through the pool instead).
 """
 
 from __future__ import annotations
@@ -88,17 +89,18 @@ def kv_pool_class_override(kind: str):
 
 
 def cell_size_override(kvc, num_layers: int):
-    """Pool bytes per token (NVFP4 cache + block summaries) while the backend is active, else ``None``."""
+    """Pool bytes per token (NVFP4 cache + the indexer's state) while the backend is active, else ``None``."""
     if not backend_active():
         return None
     from sglang.srt.runtime_context import get_parallel
 
-    from .config import load_config
+    from .config import startup_config
     from .kv_pool import bytes_per_token
 
     parallel = get_parallel()
     heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
-    return math.ceil(bytes_per_token(heads, num_layers, load_config().indexer))
+    config = startup_config()
+    return math.ceil(bytes_per_token(heads, num_layers, config.indexer_state_bytes(num_layers, heads)))
 
 
 # HookRegistry AROUND hooks and the resolution hook: the plugin's way of applying the rules above.

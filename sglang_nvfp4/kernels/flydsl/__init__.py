@@ -1,7 +1,8 @@
 """FlyDSL kernel for AMD gfx950 (MI350/MI355): fused NVFP4 sparse prefill.
 
-The dispatcher calls :func:`is_available` and then :func:`sparse_prefill` (arguments already
-validated against :func:`sglang_nvfp4.reference.sparse_prefill_reference`'s contract). ``flydsl``
+The dispatcher calls :func:`is_available` and :func:`supports` when it plans a forward, then
+:func:`launch` per layer (arguments already validated against
+:func:`sglang_nvfp4.reference.sparse_prefill_reference`'s contract). ``flydsl``
 is imported only when a kernel is built, so importing this package never needs it.
 
 Status: compile-verified for gfx950 in this repository's CI (``compile_check``) and modelled
@@ -23,7 +24,7 @@ from ... import format as fmt
 from ...reference import LOG2E
 from .geometry import HG, TOK_PER_WG, TOPK
 
-__all__ = ["is_available", "supports", "sparse_prefill", "ARCH"]
+__all__ = ["is_available", "supports", "launch", "ARCH"]
 
 ARCH = "gfx950"
 
@@ -52,10 +53,9 @@ def _flydsl_imports() -> bool:
     return True
 
 
-def supports(q, cache, topk) -> bool:
+def supports(num_q_heads: int, num_kv_heads: int, width: int) -> bool:
     """Whether the kernel serves this shape: 16 query heads per KV head, at most 16 ids per token."""
-    hkv = cache.shape[1] // 2
-    return q.shape[1] == HG * hkv and topk.shape[2] <= TOPK
+    return num_q_heads == HG * num_kv_heads and width <= TOPK
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,22 +70,15 @@ def _cu_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _scale_tensor(scale, device) -> torch.Tensor:
-    """A one-element fp32 device tensor (the kernel reads the global scales through pointers)."""
-    if isinstance(scale, torch.Tensor):
-        return scale.detach().reshape(1).to(device=device, dtype=torch.float32).contiguous()
-    return torch.full((1,), float(scale), dtype=torch.float32, device=device)
-
-
-def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out):
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
     """Sparse attention of ``q [T, H, 128]`` over the NVFP4 ``cache`` into ``out``; returns ``out``.
 
     bf16 and fp16 queries run natively; fp32 queries are rounded to fp16 (the reference's first
     step) and their output passes through fp16. CPU tensors get :func:`.twin.sparse_prefill_twin`."""
-    if not supports(q, cache, topk):
+    if not supports(q.shape[1], cache.shape[1] // 2, block_ids.shape[2]):
         raise ValueError(
             f"FlyDSL sparse prefill needs H == {HG} * Hkv and <= {TOPK} ids per token, "
-            f"got H={q.shape[1]}, Hkv={cache.shape[1] // 2}, K={topk.shape[2]}"
+            f"got H={q.shape[1]}, Hkv={cache.shape[1] // 2}, K={block_ids.shape[2]}"
         )
     t_all, h = q.shape[0], q.shape[1]
     hkv = fmt.check_cache(cache)
@@ -95,10 +88,10 @@ def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_s
     if device.type == "cpu":  # no kernel to run: its numerics twin answers (slowly)
         from .twin import sparse_prefill_twin
 
-        return out.copy_(sparse_prefill_twin(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale))
-    if topk.shape[2] < TOPK:
-        topk = torch.nn.functional.pad(topk, (0, TOPK - topk.shape[2]), value=-1)
-    topk, block_table = topk.contiguous(), block_table.contiguous()
+        return out.copy_(sparse_prefill_twin(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale))
+    if block_ids.shape[2] < TOPK:
+        block_ids = torch.nn.functional.pad(block_ids, (0, TOPK - block_ids.shape[2]), value=-1)
+    block_ids, block_table = block_ids.contiguous(), block_table.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
     if q.dtype == torch.float32:
         q_io, out_io, io_dtype = q.half().contiguous(), torch.empty(q.shape, dtype=torch.float16, device=device), "f16"
@@ -106,16 +99,17 @@ def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_s
         io_dtype = "bf16" if q.dtype == torch.bfloat16 else "f16"
         q_io = q.contiguous()
         out_io = out if out.is_contiguous() else torch.empty_like(q_io)
-    ks, vs = _scale_tensor(k_scale, device), _scale_tensor(v_scale, device)
+    ks = fmt.global_scale(k_scale, device, name="k_scale", as_tensor=True).contiguous()
+    vs = fmt.global_scale(v_scale, device, name="v_scale", as_tensor=True).contiguous()
 
     # One workgroup per CU at most: Q^T in registers (rounds=1); otherwise two per CU (rounds=2).
     index = device.index if device.index is not None else torch.cuda.current_device()
     n_wg = -(-t_all // TOK_PER_WG) * hkv
     rounds = 1 if n_wg <= _cu_count(index) else 2
     _launcher(rounds, io_dtype)(
-        q_io.data_ptr(), cache.data_ptr(), topk.data_ptr(), block_table.data_ptr(), req.data_ptr(),
+        q_io.data_ptr(), cache.data_ptr(), block_ids.data_ptr(), block_table.data_ptr(), req.data_ptr(),
         pos.data_ptr(), out_io.data_ptr(), ks.data_ptr(), vs.data_ptr(),
-        t_all, h, hkv, topk.stride(0), block_table.stride(0), cache.stride(0), float(sm_scale) * LOG2E,
+        t_all, h, hkv, block_ids.stride(0), block_table.stride(0), cache.stride(0), float(sm_scale) * LOG2E,
         torch.cuda.current_stream(device),
     )
     if out_io is not out:

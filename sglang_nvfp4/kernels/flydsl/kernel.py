@@ -267,7 +267,7 @@ def compile_nvfp4_sparse_prefill(rounds: int = 2, io_dtype: str = "bf16"):
     def kernel(
         arg_q: fx.Int64,  # [T, H, 128] io_dtype
         arg_cache: fx.Int64,  # [pages, 2 * Hkv, 128, 72] uint8
-        arg_topk: fx.Int64,  # [Hkv, T, 16] int32 logical blocks, -1 = none
+        arg_block_ids: fx.Int64,  # [Hkv, T, 16] int32 logical blocks, -1 = none
         arg_bt: fx.Int64,  # [reqs, stride] int32
         arg_req: fx.Int64,  # [T] int32
         arg_pos: fx.Int64,  # [T] int32
@@ -277,7 +277,7 @@ def compile_nvfp4_sparse_prefill(rounds: int = 2, io_dtype: str = "bf16"):
         i32_T: fx.Int32,
         i32_H: fx.Int32,
         i32_hkv: fx.Int32,
-        i32_topk_hs: fx.Int32,  # topk stride over KV heads
+        i32_block_ids_hs: fx.Int32,  # block_ids stride over KV heads
         i32_bt_s: fx.Int32,
         i32_page_bytes: fx.Int32,
         f32_c: fx.Float32,  # sm_scale * log2(e)
@@ -291,7 +291,7 @@ def compile_nvfp4_sparse_prefill(rounds: int = 2, io_dtype: str = "bf16"):
         w = readfirstlane(tx // 64)
         n, g = lane % 16, lane // 16
 
-        topk = global_i32_ptr(arg_topk)
+        block_ids = global_i32_ptr(arg_block_ids)
         bt = global_i32_ptr(arg_bt)
         req_p = global_i32_ptr(arg_req)
         pos_p = global_i32_ptr(arg_pos)
@@ -349,7 +349,7 @@ def compile_nvfp4_sparse_prefill(rounds: int = 2, io_dtype: str = "bf16"):
         lane_tok = tok0 + lane // TOPK
         lane_tok_ok = lane_tok < i32_T
         lane_tc = lane_tok_ok.select(lane_tok, tok0)
-        blk = fx.Int32(topk[kvh * i32_topk_hs + lane_tc * TOPK + lane % TOPK])
+        blk = fx.Int32(block_ids[kvh * i32_block_ids_hs + lane_tc * TOPK + lane % TOPK])
         lane_own = fx.Int32(pos_p[lane_tc]) // BLK
         lane_blk_ok = lane_tok_ok & (blk >= 0) & (blk <= lane_own)
         lane_page = fx.Int32(bt[fx.Int32(req_p[lane_tc]) * i32_bt_s + lane_blk_ok.select(blk, fx.Int32(0))])
@@ -516,7 +516,7 @@ def compile_nvfp4_sparse_prefill(rounds: int = 2, io_dtype: str = "bf16"):
     def launch(
         arg_q: fx.Int64,
         arg_cache: fx.Int64,
-        arg_topk: fx.Int64,
+        arg_block_ids: fx.Int64,
         arg_bt: fx.Int64,
         arg_req: fx.Int64,
         arg_pos: fx.Int64,
@@ -526,15 +526,15 @@ def compile_nvfp4_sparse_prefill(rounds: int = 2, io_dtype: str = "bf16"):
         i32_T: fx.Int32,
         i32_H: fx.Int32,
         i32_hkv: fx.Int32,
-        i32_topk_hs: fx.Int32,
+        i32_block_ids_hs: fx.Int32,
         i32_bt_s: fx.Int32,
         i32_page_bytes: fx.Int32,
         f32_c: fx.Float32,
         stream: fx.Stream,
     ):
         kernel(
-            arg_q, arg_cache, arg_topk, arg_bt, arg_req, arg_pos, arg_out, arg_ks, arg_vs,
-            i32_T, i32_H, i32_hkv, i32_topk_hs, i32_bt_s, i32_page_bytes, f32_c,
+            arg_q, arg_cache, arg_block_ids, arg_bt, arg_req, arg_pos, arg_out, arg_ks, arg_vs,
+            i32_T, i32_H, i32_hkv, i32_block_ids_hs, i32_bt_s, i32_page_bytes, f32_c,
             value_attrs={"rocdl.waves_per_eu": wpe, "rocdl.flat_work_group_size": f"{64 * NW},{64 * NW}"},
         ).launch(
             grid=((i32_T + TOK_PER_WG - 1) // TOK_PER_WG, i32_hkv, 1),

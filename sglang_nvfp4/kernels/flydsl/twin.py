@@ -126,14 +126,14 @@ def _io_dtype(q_dtype):
     return torch.bfloat16 if q_dtype == torch.bfloat16 else torch.float16
 
 
-def lane_pages(topk, block_table, req, pos, t_all):
+def lane_pages(block_ids, block_table, req, pos, t_all):
     """``[Hkv, WG, 64]``: the page each lane of each workgroup selected, -1 for none.
 
     Blocks after the token's own hold only future keys and are dropped, like -1."""
-    hkv = topk.shape[0]
+    hkv = block_ids.shape[0]
     n_wg = -(-t_all // TOK_PER_WG)
     blk = torch.full((hkv, n_wg * TOK_PER_WG, TOPK), -1, dtype=torch.long)
-    blk[:, :t_all, : topk.shape[2]] = topk.long()
+    blk[:, :t_all, : block_ids.shape[2]] = block_ids.long()
     own = torch.full((n_wg * TOK_PER_WG,), -1, dtype=torch.long)
     own[:t_all] = pos.long() // BLK
     rows = torch.zeros(n_wg * TOK_PER_WG, dtype=torch.long)
@@ -153,22 +153,22 @@ def page_union(lane_page):
     return union, first.sum(-1)
 
 
-def sparse_prefill_twin(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale):
+def sparse_prefill_twin(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale):
     """What the FlyDSL kernel computes for these arguments (same contract as the reference).
 
     Preconditions of the kernel are the reference's: a request's blocks map to distinct pages.
     Needs ``H == 16 * Hkv`` and at most 16 ids per token."""
-    t_all, h, hkv = validate_sparse_args(q, cache, topk, block_table, req, pos)
-    validate_sparse_values(cache, topk, block_table, req, pos)
-    if h != HG * hkv or topk.shape[2] > TOPK:
+    t_all, h, hkv = validate_sparse_args(q, cache, block_ids, block_table, req, pos)
+    validate_sparse_values(block_ids, block_table, req, pos)
+    if h != HG * hkv or block_ids.shape[2] > TOPK:
         raise ValueError(f"the FlyDSL kernel needs H == {HG} * Hkv and <= {TOPK} ids per token")
     io = _io_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=q.dtype)
     if t_all == 0:
         return out
-    q, cache, topk, block_table, req, pos = (x.cpu() for x in (q, cache, topk, block_table, req, pos))
-    c = torch.tensor(sm_scale * LOG2E, dtype=torch.float32) * fmt.as_scale(k_scale, "cpu")
-    v_gs = fmt.as_scale(v_scale, "cpu")
+    q, cache, block_ids, block_table, req, pos = (x.cpu() for x in (q, cache, block_ids, block_table, req, pos))
+    c = torch.tensor(sm_scale * LOG2E, dtype=torch.float32) * fmt.global_scale(k_scale, "cpu", as_tensor=True)[0]
+    v_gs = fmt.global_scale(v_scale, "cpu", as_tensor=True)[0]
 
     n_wg = -(-t_all // TOK_PER_WG)
     n_pad = n_wg * TOK_PER_WG
@@ -176,7 +176,7 @@ def sparse_prefill_twin(q, cache, topk, block_table, req, pos, k_scale, v_scale,
     own_off = (pos.long() % BLK)[tok]  # [WG, t]
     diag = block_table.long()[req.long(), pos.long() // BLK][tok]  # page of each token's own block
     q16 = q.to(io).half().float()
-    lanes_all = lane_pages(topk, block_table, req, pos, t_all)  # [Hkv, WG, 64]
+    lanes_all = lane_pages(block_ids, block_table, req, pos, t_all)  # [Hkv, WG, 64]
 
     for kvh in range(hkv):
         kf_pages, v_codes_pages, v_scales_pages = page_operands(cache, kvh)

@@ -1,0 +1,29 @@
+"""Block selection: which blocks of 128 keys each token attends, per KV head.
+
+* :mod:`.protocol`: :class:`BlockIndexer`, what the SGLang backend asks of any indexer, and
+  :class:`StateBytes`, the memory an indexer states before it is built (pool sizing).
+* :mod:`.rules`: the selection rule shared by indexers (forced own/sink/local blocks, ranking, ``-1``
+  padding) and the all-visible selection of dense layers.
+* :mod:`.summary`: the training-free :class:`SummaryIndexer` (per-page key summaries, quest or mean
+  scoring), torch on CPU, Triton kernels (:mod:`sglang_nvfp4.kernels.triton_indexer`) on GPUs.
+
+Evaluation-only code (true attention mass per block, oracle selections) lives in
+:mod:`sglang_nvfp4.quality.block_mass`.
+"""
+
+from .protocol import BlockIndexer, StateBytes
+from .rules import all_visible_blocks, forced_blocks, rank_blocks
+from .summary import METHODS, BlockSummaries, SummaryIndexer, aggregate_queries, select_blocks
+
+__all__ = [
+    "BlockIndexer",
+    "StateBytes",
+    "SummaryIndexer",
+    "BlockSummaries",
+    "METHODS",
+    "select_blocks",
+    "aggregate_queries",
+    "forced_blocks",
+    "rank_blocks",
+    "all_visible_blocks",
+]

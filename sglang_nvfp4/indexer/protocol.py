@@ -1,0 +1,73 @@
+"""The :class:`BlockIndexer` protocol: what the SGLang backend asks of block selection.
+
+The backend owns one indexer per model runner. It sizes the pool with the indexer's
+:class:`StateBytes` before anything is allocated, builds the indexer beside the pool, tells it about
+every cache write and token move, and asks it once per layer and forward for the block ids the
+kernels attend (:mod:`sglang_nvfp4.reference` states their meaning). An indexer owns whatever it
+keeps per page or per token (block summaries, a model's index keys); the pool and the kernels know
+nothing of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from .. import format as fmt
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Memory an indexer keeps beside the NVFP4 cache, over all its layers: bytes per cache page and
+    bytes per token slot. Known before allocation, so that the pool sizing counts it."""
+
+    per_page: int = 0
+    per_token: int = 0
+
+    def per_slot(self) -> float:
+        """Bytes per token slot, the page share included."""
+        return self.per_token + self.per_page / fmt.PAGE_SIZE
+
+
+@runtime_checkable
+class BlockIndexer(Protocol):
+    """Block selection behind the ``nvfp4_sparse`` backend.
+
+    ``layer_id`` is the layer's index among the layers this process holds (0-based). ``cache`` is that
+    layer's NVFP4 cache ``uint8 [pages, 2*Hkv, 128, 72]``; ``slots`` int32/int64 ``[N]`` are
+    ``page * 128 + row``. ``model_inputs`` carries what a model-provided indexer needs beyond
+    attention's tensors (e.g. MiniMax-M3's ``idx_q``/``idx_k`` projections, forwarded by the backend
+    from the model's attention call); the training-free :class:`~.summary.SummaryIndexer` ignores it.
+    On the GPU, :meth:`on_kv_written` and :meth:`select` must be free of host syncs (decode runs them
+    inside CUDA graphs). An implementation also states its memory before it is built, with a
+    ``state_bytes(...) -> StateBytes`` static method taking what it needs to know (its layer and KV
+    head counts, its options).
+    """
+
+    topk: int  # the most block ids per row that select() returns (its K)
+
+    def state_nbytes(self) -> int:
+        """Bytes of the state it holds (SGLang's KV memory accounting)."""
+        ...
+
+    def on_kv_written(self, layer_id: int, cache: torch.Tensor, slots: torch.Tensor, **model_inputs) -> None:
+        """K/V of the tokens at ``slots`` were just written into ``cache``."""
+        ...
+
+    def save_tokens(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor | None:
+        """Per-token state of ``slots`` for a move or a CPU offload (``None``: it keeps none)."""
+        ...
+
+    def restore_tokens(self, layer_id: int, cache: torch.Tensor, slots: torch.Tensor,
+                       saved: torch.Tensor | None) -> None:
+        """The tokens' bytes were put back at ``slots`` (a move or an offload restore), with what
+        :meth:`save_tokens` returned for them."""
+        ...
+
+    def select(self, layer_id: int, q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+               req: torch.Tensor, pos: torch.Tensor, **model_inputs) -> torch.Tensor:
+        """Block ids for ``q [T, H, 128]``: int32 ``[Hkv, T, K]`` with ``K <= topk``, logical blocks of
+        request ``req[t]`` (``-1`` = none), none after the token's own block."""
+        ...

@@ -1,0 +1,83 @@
+"""The selection rule every indexer applies to its block scores, and the all-visible selection of
+dense layers.
+
+Token ``t`` with own block ``own = pos[t] // 128`` sees blocks ``0..own``. The own block, the first
+``sink_blocks`` blocks and the ``local_blocks`` blocks before the own block are always selected (if
+visible); the remaining slots go to the visible blocks in the order (score descending, block id
+ascending): **equal scores select the lower block id**. NaN scores rank as the lowest finite score,
++-inf as +-FLT_MAX; a visible block always beats an empty slot. A token with at most ``topk`` visible
+blocks therefore selects all of them (dense). Output rows hold the selected ids in ascending order,
+then ``-1`` padding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import format as fmt
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def check_selection_settings(topk: int, sink_blocks: int, local_blocks: int) -> None:
+    """``topk >= 1`` slots must hold the own block and the forced sink and local blocks."""
+    if topk < 1:
+        raise ValueError(f"topk: must be >= 1, got {topk}")
+    if sink_blocks < 0 or local_blocks < 0:
+        raise ValueError(f"sink_blocks/local_blocks: must be >= 0, got {sink_blocks}, {local_blocks}")
+    if sink_blocks + local_blocks + 1 > topk:
+        raise ValueError(f"topk: {topk} slots cannot hold the own block + {sink_blocks} sink_blocks + "
+                         f"{local_blocks} local_blocks")
+
+
+def check_index_values(block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, num_pages: int) -> None:
+    """Range checks on the metadata (syncs with the device): rows, positions, and a valid page for every
+    visible block."""
+    if int(req.min()) < 0 or int(req.max()) >= block_table.shape[0]:
+        raise ValueError(f"req: rows must be in [0, {block_table.shape[0]}), got {int(req.min())}..{int(req.max())}")
+    if int(pos.min()) < 0:
+        raise ValueError(f"pos: positions must be >= 0, got min {int(pos.min())}")
+    if int(pos.max()) // fmt.PAGE_SIZE >= block_table.shape[1]:
+        raise ValueError(f"pos: block {int(pos.max()) // fmt.PAGE_SIZE} is beyond the block table's "
+                         f"{block_table.shape[1]} columns")
+    own = pos.long() // fmt.PAGE_SIZE
+    visible = torch.arange(block_table.shape[1], device=pos.device)[None, :] <= own[:, None]
+    pages = block_table[req.long()]
+    if bool((visible & ((pages < 0) | (pages >= num_pages))).any()):
+        raise ValueError(f"block_table: a visible block maps to a page outside [0, {num_pages})")
+
+
+def forced_blocks(own: torch.Tensor, num_blocks: int, sink_blocks: int, local_blocks: int) -> torch.Tensor:
+    """bool ``[C, num_blocks]``: the own block, the first ``sink_blocks`` and the ``local_blocks``
+    before the own block, of tokens whose own blocks are ``own [C]`` (visible ones only)."""
+    blocks = torch.arange(num_blocks, device=own.device)[None, :]
+    own = own[:, None]
+    return (blocks <= own) & ((blocks == own) | (blocks < sink_blocks) | (blocks >= own - local_blocks))
+
+
+def rank_blocks(scores: torch.Tensor, own: torch.Tensor, topk: int, forced: torch.Tensor) -> torch.Tensor:
+    """The selection rule on ``scores [..., C, B]`` (column ``b`` = block ``b``) of tokens whose own
+    blocks are ``own [C]``, with ``forced [C, B]`` always kept: int32 ``[..., C, topk]``, ascending
+    ids then ``-1``. Visible = ``b <= own``; others rank by (score desc, id asc)."""
+    visible = torch.arange(scores.shape[-1], device=scores.device)[None, :] <= own[:, None]
+    s = scores.nan_to_num(nan=-FLT_MAX, posinf=FLT_MAX, neginf=-FLT_MAX)
+    s = torch.where(forced, math.inf, s)
+    s = torch.where(visible, s, -math.inf)
+    width = min(topk, s.shape[-1])
+    sorted_scores, order = torch.sort(s, dim=-1, descending=True, stable=True)  # ties: lower id first
+    empty = torch.iinfo(torch.int32).max
+    chosen = torch.where(sorted_scores[..., :width] > -math.inf, order[..., :width], empty)
+    chosen = torch.sort(chosen, dim=-1).values
+    out = torch.full((*s.shape[:-1], topk), -1, dtype=torch.int32, device=s.device)
+    out[..., :width] = torch.where(chosen == empty, -1, chosen).int()
+    return out
+
+
+def all_visible_blocks(pos: torch.Tensor, width: int) -> torch.Tensor:
+    """The selection of a dense layer: int32 ``[1, T, width]``, block ``b`` where ``b <= pos[t] // 128``,
+    else ``-1`` (expand the first dim to the KV heads; the kernels read it through strides)."""
+    ids = torch.arange(width, dtype=torch.int32, device=pos.device)
+    own = (pos // fmt.PAGE_SIZE)[:, None]
+    return torch.where(ids[None, :] <= own, ids[None, :], -1)[None]
