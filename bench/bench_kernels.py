@@ -36,7 +36,7 @@ import triton.language as tl
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
 from sglang_nvfp4.kernels import triton_decode, triton_prefill
-from sglang_nvfp4.kernels.triton_tiles import (
+from sglang_nvfp4.kernels.triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
     PAGE,

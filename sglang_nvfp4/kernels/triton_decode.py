@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import (
+from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
     LOG2E,

@@ -9,7 +9,7 @@ tile is ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wg
    page, the logical block (key positions are ``128 * block + j``) and a bitmask of the tile's
    tokens that selected it.
 2. ``_sparse_prefill_kernel`` (one program per tile and KV head, deepest tiles first): for each
-   union entry it decodes the page's K and V^T tiles once (bit arithmetic, :mod:`.triton_tiles`),
+   union entry it decodes the page's K and V^T tiles once (bit arithmetic, :mod:`.triton_common`),
    computes ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past
    each token's position, and runs an online softmax in exp2 with ``P`` rounded to fp16 before
    ``P.V``. Rows that see no key write 0.
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import (
+from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
     LOG2E,

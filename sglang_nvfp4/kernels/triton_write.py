@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
-from .triton_tiles import (
+from .triton_common import (
     BLOCK_BYTES,
     CODE_BYTES,
     HEAD_DIM,
