@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import format as fmt
+from .kernels.triton_common import e4m3_decode
 
 _EMPTY_ID = 1 << 30  # ids >= this mark empty slots of the running top-k (empty slot j holds _EMPTY_ID + j)
 _PAD_ID = (1 << 31) - 1  # slots past topk when the slot count is padded to a power of two
@@ -44,19 +45,6 @@ def _e2m1_value(code):
 
 
 @triton.jit
-def _e4m3_value(code):
-    """OCP E4M3FN code (uint8 tensor) -> fp32 value (0x7F/0xFF -> NaN)."""
-    b = code.to(tl.int32)
-    exponent = (b >> 3) & 0xF
-    mantissa = (b & 7).to(tl.float32)
-    pow2 = ((exponent + 117) << 23).to(tl.float32, bitcast=True)  # 2**(exponent - 10)
-    mag = tl.where(exponent == 0, mantissa * 0.001953125, (8.0 + mantissa) * pow2)
-    nan = tl.full(b.shape, _NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
-    mag = tl.where((b & 0x7F) == 0x7F, nan, mag)
-    return tl.where((b & 0x80) != 0, -mag, mag)
-
-
-@triton.jit
 def _summarize_kernel(cache_ptr, slots_ptr, last_row_ptr, mean_ptr, bounds_ptr, fill_ptr,
                       NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, ROW_BYTES: tl.constexpr,
                       CODE_BYTES: tl.constexpr, SCALE_GROUP: tl.constexpr, MINMAX: tl.constexpr):
@@ -71,7 +59,7 @@ def _summarize_kernel(cache_ptr, slots_ptr, last_row_ptr, mean_ptr, bounds_ptr, 
         base = cache_ptr + (page * (2 * NUM_KV_HEADS) + h) * (PAGE * ROW_BYTES)
         row_base = base + rows[:, None] * ROW_BYTES
         codes = tl.load(row_base + byte[None, :])
-        scale = _e4m3_value(tl.load(row_base + CODE_BYTES + byte[None, :] // (SCALE_GROUP // 2)))
+        scale = e4m3_decode(tl.load(row_base + CODE_BYTES + byte[None, :] // (SCALE_GROUP // 2)), tl.float32)
         written = rows[:, None] <= row
         count = row + 1
         out = (page * NUM_KV_HEADS + h) * (2 * CODE_BYTES) + 2 * byte

@@ -108,6 +108,14 @@ def test_write_kv_bit_identical_on_gpu():
     assert torch.equal(cache.cpu(), want)
 
 
+@pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int32])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+def test_e4m3_decode_is_exact_for_all_codes(code_dtype, out_dtype):
+    from e4m3_probe import check_e4m3_decode  # imports triton: only when this GPU test runs
+
+    check_e4m3_decode(DEV, code_dtype, out_dtype)
+
+
 def test_kernels_replay_in_a_cuda_graph():
     gen = torch.Generator(device=DEV).manual_seed(4)
     cache, block_table = filled_cache([5000, 3000], 4, gen)

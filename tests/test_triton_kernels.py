@@ -24,7 +24,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 18  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 22  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -46,11 +46,17 @@ def args_of(p, topk):
 
 
 if INTERPRETED:
+    from e4m3_probe import check_e4m3_decode
     from sglang_nvfp4.kernels import triton_decode, triton_prefill
 
     @pytest.fixture
     def forced_triton(monkeypatch):
         monkeypatch.setenv(kernels.FORCE_ENV, "triton")
+
+    @pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int32])
+    @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+    def test_e4m3_decode_is_exact_for_all_codes(code_dtype, out_dtype):
+        check_e4m3_decode("cpu", code_dtype, out_dtype)
 
     # Three requests (one sharing a page with another), partial last pages, chunk starts not page
     # aligned, tiles spanning requests; random_topk adds -1 slots, duplicates and later blocks.

@@ -28,6 +28,7 @@ from .triton_common import (
     SCALE_OFFSET,
     V_SCALE_ROWS_PER_GROUP,
     V_SCALES_PER_ROW,
+    e4m3_decode,
     global_scale,
 )
 
@@ -81,22 +82,12 @@ def e4m3_encode(x):
 
 
 @triton.jit
-def e4m3_decode(code):
-    """E4M3 code (int32, non-NaN) -> fp32, exactly."""
-    exp = (code >> 3) & 0xF
-    man = code & 0x7
-    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
-    mag = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)  # subnormal: man * 2**-9
-    return tl.where((code & 0x80) != 0, -mag, mag)
-
-
-@triton.jit
 def quantize_rows(x, gs):
     """fp32 ``[R, 128]`` -> (E2M1 codes int32 ``[R, 128]``, E4M3 scale codes int32 ``[R, 8]``)."""
     groups = tl.reshape(x, (x.shape[0], NUM_GROUPS, SCALE_GROUP))
     amax = tl.max(tl.abs(groups), axis=2)
     scale = e4m3_encode(tl.math.div_rn(tl.math.div_rn(amax, E2M1_MAX), gs))
-    denom = e4m3_decode(scale) * gs
+    denom = e4m3_decode(scale, tl.float32) * gs
     safe = tl.where(denom == 0, 1.0, denom)
     codes = e2m1_encode(tl.math.div_rn(groups, safe[:, :, None]))
     codes = tl.where(denom[:, :, None] == 0, 0, codes)  # an all-zero group: scale 0, codes 0
