@@ -159,3 +159,40 @@ def load_vt_tile(cache_ptr, v_block, key_live, USE_PTX: tl.constexpr):
     # Tile row 16k + 2g + b holds a dim of group g.
     vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (HEAD_DIM // 16, NUM_GROUPS, 2, PAGE))
     return tl.reshape(vals * scales[None, :, None, :], (HEAD_DIM, PAGE))
+
+
+@triton.jit
+def online_softmax_step(s, visible, logit_scale, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
+    """Fold one page of logits into a running exp2 softmax; returns ``(p, alpha, m_new, l_new)``.
+
+    ``s``: fp32 ``Q.K^T`` of the page (tile values, unscaled), keys on axis ``KEY_AXIS``: ``[rows, keys]``
+    when 1 (prefill), ``[keys, rows]`` when 0 (decode's transposed products); ``visible``: bool,
+    broadcastable to ``s``; ``logit_scale``: maps ``s`` to base-2 logits; ``m_i``, ``l_i``: fp32 ``[rows]``
+    running max and sum. ``p``: fp32 like ``s``, ``exp2(logit - m_new)`` (0 where not visible); the
+    caller rescales its accumulator by ``alpha [rows]`` and adds ``P.V``.
+
+    ``ROWS_MAY_SEE_NOTHING``: a row may have no visible key so far (its max stays ``-inf``): its
+    exponentials are then taken against 0 instead, so that it keeps ``p = 0``, ``l = 0`` and no NaN.
+    Decode passes False (every kept block's first key is visible to all rows), saving the select."""
+    s = tl.where(visible, s * logit_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=KEY_AXIS))
+    if ROWS_MAY_SEE_NOTHING:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - tl.expand_dims(m_ref, KEY_AXIS))
+    l_new = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def normalize_and_store(out_rows, acc, l, out_scale, live):
+    """Write ``acc * out_scale / l`` to the output rows; rows with ``l == 0`` (no visible key) write 0.
+
+    ``out_rows``: ``[rows]`` pointers to dim 0 of each row (q's dtype); ``acc``: fp32 ``[rows, 128]``,
+    column ``c`` holding output dim ``vt_tile_dim(c)`` (``P.V`` with a V^T tile); ``l``: fp32 ``[rows]``;
+    ``live``: bool ``[rows]``, the rows to write."""
+    norm = tl.where(l > 0, out_scale / tl.where(l > 0, l, 1.0), 0.0)
+    dims = vt_tile_dim(tl.arange(0, HEAD_DIM))
+    tl.store(out_rows[:, None] + dims[None, :], (acc * norm[:, None]).to(out_rows.dtype.element_ty), mask=live[:, None])

@@ -26,8 +26,9 @@ from .triton_common import (
     global_scale,
     load_k_tile,
     load_vt_tile,
+    normalize_and_store,
+    online_softmax_step,
     uses_ptx,
-    vt_tile_dim,
 )
 
 MIN_DOT_ROWS = 16  # tl.dot needs at least 16 rows
@@ -93,21 +94,16 @@ def _sparse_decode_kernel(
         k = load_k_tile(cache_ptr, page_base + kv_head * BLOCK_WORDS, USE_PTX)
         s_t = tl.dot(k, q_t)  # [128 keys, ROWS]
         visible = (block_j * PAGE + keys) <= pos
-        s_t = tl.where(visible[:, None], s_t * logit_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))  # finite: key 128 * block_j <= pos is visible
-        alpha = tl.exp2(m_i - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, axis=0)
+        # Key 128 * block_j <= pos is visible to every row: no row's max stays -inf.
+        p_t, alpha, m_i, l_i = online_softmax_step(s_t, visible[:, None], logit_scale, m_i, l_i,
+                                                   KEY_AXIS=0, ROWS_MAY_SEE_NOTHING=False)
         vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, visible, USE_PTX)
         acc_t = tl.dot(vt, p_t.to(tl.float16), acc_t * alpha[None, :])
-        m_i = m_new
     acc = tl.trans(acc_t)
 
     if SPLITS == 1:
         out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
-        norm = tl.where(l_i > 0, out_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
-        tl.store(out_ptr + token.to(tl.int64) * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
-                 (acc * norm[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+        normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
     else:
         part = (token.to(tl.int64) * HKV + kv_head) * SPLITS + split
         tl.store(part_acc_ptr + part * ROWS * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
@@ -138,10 +134,8 @@ def _combine_splits_kernel(
                   + dims[None, None, :])
     acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, 128]
     out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
-    norm = tl.where(l_sum > 0, out_scale / tl.where(l_sum > 0, l_sum, 1.0), 0.0)
     head = kv_head * GROUP + rows
-    tl.store(out_ptr + token.to(tl.int64) * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
-             (acc * norm[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale, rows < GROUP)
 
 
 def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,

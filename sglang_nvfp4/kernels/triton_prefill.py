@@ -37,8 +37,9 @@ from .triton_common import (
     global_scale,
     load_k_tile,
     load_vt_tile,
+    normalize_and_store,
+    online_softmax_step,
     uses_ptx,
-    vt_tile_dim,
 )
 
 
@@ -144,21 +145,12 @@ def _sparse_prefill_kernel(
         row_selected = ((members >> row_token) & 1) != 0
         key_pos = block * PAGE + keys
         visible = row_selected[:, None] & (key_pos[None, :] <= pos[:, None])
-        s = tl.where(visible, s * logit_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = online_softmax_step(s, visible, logit_scale, m_i, l_i, KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
         key_live = key_pos <= tl.max(tl.where(row_selected, pos, -1), axis=0)  # seen by some row
         vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, key_live, USE_PTX)
         acc = tl.dot(p.to(tl.float16), tl.trans(vt), acc * alpha[:, None])
-        m_i = m_new
 
-    norm = tl.where(l_i > 0, out_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)  # rows that saw no key write 0
-    out = acc * norm[:, None]
-    tl.store(out_ptr + token.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
 
 
 def plan_tiles(topk, block_table, req, pos, tokens_per_tile: int):
