@@ -340,7 +340,7 @@ def bench_ms(fn):
 def gpu_section(args):
     import triton
 
-    from sglang_nvfp4.indexer_triton import select_topk
+    from sglang_nvfp4.kernels.triton_indexer import select_topk
 
     device = torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}

@@ -49,7 +49,7 @@ Output rows hold the selected ids in ascending order, then ``-1`` padding. No bl
 token's own is ever selected.
 
 Implementations: a torch path (CPU, or ``impl="torch"``) and Triton kernels (CUDA/ROCm, or
-``impl="triton"`` under ``TRITON_INTERPRET=1``) in :mod:`sglang_nvfp4.indexer_triton`, which
+``impl="triton"`` under ``TRITON_INTERPRET=1``) in :mod:`sglang_nvfp4.kernels.triton_indexer`, which
 stream the blocks and keep a running top-k per token in registers (the T x blocks score
 matrix is never materialised). Given equal scores both select identically; float summation
 order can differ between them by an ulp, which can only swap blocks whose scores agree to
@@ -155,7 +155,7 @@ class BlockSummaries:
         if slots.numel() == 0:
             return
         if _resolve_impl(impl, self.device) == "triton":
-            from .indexer_triton import update_summaries
+            from .kernels.triton_indexer import update_summaries
 
             update_summaries(self, cache, slots)
         else:
@@ -261,7 +261,7 @@ def select_blocks(
     queries = aggregate_queries(q, hkv, method)
     keys = summaries.keys(method)
     if impl == "triton":
-        from .indexer_triton import select_topk
+        from .kernels.triton_indexer import select_topk
 
         return select_topk(queries, keys, block_table, req, pos, topk, sink_blocks, local_blocks)
     return _select_torch(queries, keys, block_table, req, pos, topk, sink_blocks, local_blocks)

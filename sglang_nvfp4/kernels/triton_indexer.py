@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import format as fmt
-from .kernels.triton_common import e4m3_decode
+from .. import format as fmt
+from .triton_common import e4m3_decode
 
 _EMPTY_ID = 1 << 30  # ids >= this mark empty slots of the running top-k (empty slot j holds _EMPTY_ID + j)
 _PAD_ID = (1 << 31) - 1  # slots past topk when the slot count is padded to a power of two
