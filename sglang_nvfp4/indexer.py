@@ -155,9 +155,9 @@ class BlockSummaries:
         if slots.numel() == 0:
             return
         if _resolve_impl(impl, self.device) == "triton":
-            from .kernels.triton_indexer import update_summaries
+            from .kernels.triton_indexer import summarize_pages
 
-            update_summaries(self, cache, slots)
+            summarize_pages(cache, slots, self._last_row, self.mean, self.bounds, self.fill)
         else:
             self._update_torch(cache, slots)
 
@@ -261,9 +261,9 @@ def select_blocks(
     queries = aggregate_queries(q, hkv, method)
     keys = summaries.keys(method)
     if impl == "triton":
-        from .kernels.triton_indexer import select_topk
+        from .kernels.triton_indexer import select_top_blocks
 
-        return select_topk(queries, keys, block_table, req, pos, topk, sink_blocks, local_blocks)
+        return select_top_blocks(queries, keys, block_table, req, pos, topk, sink_blocks, local_blocks)
     return _select_torch(queries, keys, block_table, req, pos, topk, sink_blocks, local_blocks)
 
 
