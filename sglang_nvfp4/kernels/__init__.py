@@ -109,11 +109,11 @@ def _attention(kind, q, cache, topk, block_table, req, pos, k_scale, v_scale, sm
     elif kind == "prefill":
         from . import triton_prefill
 
-        triton_prefill.sparse_prefill(*args)
+        triton_prefill.launch(*args)
     else:
         from . import triton_decode
 
-        triton_decode.sparse_decode(*args)
+        triton_decode.launch(*args)
     if out_k is not out:
         out.copy_(out_k)
     return out
@@ -150,7 +150,7 @@ def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
     _validate_write_args(cache, slots, k, v)
     from . import triton_write  # FlyDSL has no cache write: Triton serves it on every GPU
 
-    triton_write.write_kv(
+    triton_write.launch(
         cache, slots, k if k.stride(-1) == 1 else k.contiguous(), v if v.stride(-1) == 1 else v.contiguous(),
         _check_scale("k_scale", k_scale, cache.device), _check_scale("v_scale", v_scale, cache.device),
     )

@@ -50,9 +50,10 @@ def default_splits(num_tokens: int, num_kv_heads: int, topk_width: int, device: 
 @triton.jit
 def _sparse_decode_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_stats_ptr, cache_ptr,  # q/out [T, H, 128]; partials fp32
-    topk_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
     k_scale, v_scale, sm_scale,
-    K, stride_qt, stride_qh, stride_ot, stride_oh, stride_kh, stride_kt, stride_kk, stride_br, stride_bs,
+    K, stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_ih, stride_it, stride_ik, stride_br, stride_bs,  # block_ids strides, block_table strides
     HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, K_POW2: tl.constexpr, SPLITS: tl.constexpr,
     K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr, USE_PTX: tl.constexpr,
 ):
@@ -62,7 +63,7 @@ def _sparse_decode_kernel(
 
     # The token's selection: keep the first occurrence of each block that starts at or before pos.
     slot = tl.arange(0, K_POW2)
-    block = tl.load(topk_ptr + kv_head * stride_kh + token.to(tl.int64) * stride_kt + slot * stride_kk,
+    block = tl.load(block_ids_ptr + kv_head * stride_ih + token.to(tl.int64) * stride_it + slot * stride_ik,
                     mask=slot < K, other=-1)
     pos = tl.load(pos_ptr + token)
     req = tl.load(req_ptr + token)
@@ -138,19 +139,23 @@ def _combine_splits_kernel(
     normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale, rows < GROUP)
 
 
-def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
-                  num_warps: int = DECODE_NUM_WARPS, num_stages: int = DECODE_NUM_STAGES,
-                  max_registers: int | None = DECODE_MAX_REGISTERS):
-    """Launch the decode kernel (and the split combine); arguments as validated by the dispatcher.
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
+           num_warps: int = DECODE_NUM_WARPS, num_stages: int = DECODE_NUM_STAGES,
+           max_registers: int | None = DECODE_MAX_REGISTERS):
+    """Sparse decode (:func:`sglang_nvfp4.kernels.sparse_decode`): launch the decode kernel (and the
+    split combine); arguments as validated by the dispatcher.
 
-    ``q``, ``out``: ``[T, H, 128]`` with unit stride in the last dim, one token per row; ``splits``:
-    programs per (token, KV head), a power of two (default :func:`default_splits`). Returns ``out``."""
+    ``q``, ``out``: ``[T, H, 128]`` (bf16/fp16/fp32) with unit stride in the last dim, one token per
+    row; ``cache``, ``block_ids`` (int32 ``[Hkv, T, K]``), ``block_table``, ``req``, ``pos`` and the scales
+    as for :func:`.triton_prefill.launch`; ``splits``: programs per (token, KV head), a power of two
+    (default :func:`default_splits`); ``max_registers``: register cap per thread on NVIDIA (None: no
+    cap). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
     if t == 0:
         return out
-    width = topk.shape[2]
+    width = block_ids.shape[2]
     splits = splits or default_splits(t, hkv, width, q.device)
     if splits & (splits - 1):
         raise ValueError(f"splits must be a power of two, got {splits}")
@@ -163,9 +168,9 @@ def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_sc
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     register_cap = {"maxnreg": max_registers} if uses_ptx(q.device) and max_registers else {}
     _sparse_decode_kernel[(t, hkv, splits)](
-        q, out, part_acc, part_stats, cache, topk, block_table, req.contiguous(), pos.contiguous(),
+        q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
         k_scale, v_scale, float(sm_scale),
-        width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *topk.stride(), *block_table.stride(),
+        width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
         HKV=hkv, GROUP=group, ROWS=rows, K_POW2=triton.next_power_of_2(width), SPLITS=splits,
         K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer, USE_PTX=uses_ptx(q.device),
         num_warps=num_warps, num_stages=num_stages, **register_cap,

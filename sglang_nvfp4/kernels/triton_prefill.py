@@ -63,9 +63,9 @@ def default_prefill_config(group: int) -> PrefillConfig:
 
 @triton.jit
 def _plan_tiles_kernel(
-    topk_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
     plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,  # int32 [Hkv, tiles], [Hkv, tiles, WIDTH] x 3
-    T, K, stride_kh, stride_kt, stride_kk, stride_br, stride_bs,
+    T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs,  # block_ids strides, block_table strides
     BLOCK_T: tl.constexpr, K_POW2: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -78,7 +78,7 @@ def _plan_tiles_kernel(
     token = tile * BLOCK_T + tile_token
     slot = entry % K_POW2
     live = (token < T) & (slot < K)
-    block = tl.load(topk_ptr + kv_head * stride_kh + token.to(tl.int64) * stride_kt + slot * stride_kk,
+    block = tl.load(block_ids_ptr + kv_head * stride_ih + token.to(tl.int64) * stride_it + slot * stride_ik,
                     mask=live, other=-1)
     req = tl.load(req_ptr + token, mask=live, other=0)
     pos = tl.load(pos_ptr + token, mask=live, other=-1)
@@ -153,28 +153,33 @@ def _sparse_prefill_kernel(
     normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
 
 
-def plan_tiles(topk, block_table, req, pos, tokens_per_tile: int):
-    """The planning pass alone: ``(union_len int32 [Hkv, tiles], plan int32 [3, Hkv, tiles, width])``,
-    the union entries' pages, blocks and member bitmasks (``width = tokens_per_tile * K_POW2``)."""
-    hkv, t, width_k = topk.shape
+def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):
+    """The planning pass alone, for int32 ``block_ids [Hkv, T, K]``: ``(union_len int32 [Hkv, tiles],
+    plan int32 [3, Hkv, tiles, width])``, the union entries' pages, blocks and member bitmasks
+    (``width = tokens_per_tile * K_POW2``)."""
+    hkv, t, width_k = block_ids.shape
     k_pow2 = triton.next_power_of_2(width_k)
     num_tiles = triton.cdiv(t, tokens_per_tile)
-    union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=topk.device)
-    plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=topk.device)
+    union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=block_ids.device)
+    plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=block_ids.device)
     _plan_tiles_kernel[(num_tiles, hkv)](
-        topk, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
-        t, width_k, *topk.stride(), *block_table.stride(),
+        block_ids, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
+        t, width_k, *block_ids.stride(), *block_table.stride(),
         BLOCK_T=tokens_per_tile, K_POW2=k_pow2, num_warps=4,
     )
     return union_len, plan
 
 
-def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out,
-                   config: PrefillConfig | None = None):
-    """Launch the plan and attention kernels; arguments as validated by the dispatcher.
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
+           config: PrefillConfig | None = None):
+    """Sparse prefill (:func:`sglang_nvfp4.kernels.sparse_prefill`): launch the plan and attention
+    kernels; arguments as validated by the dispatcher.
 
-    ``q``, ``out``: ``[T, H, 128]`` with unit stride in the last dim; ``k_scale``/``v_scale``: a float
-    or a one-element fp32 tensor on ``q``'s device. Returns ``out``."""
+    ``q``, ``out``: ``[T, H, 128]`` (bf16/fp16/fp32) with unit stride in the last dim; ``cache``: uint8
+    ``[pages, 2 * Hkv, 128, 72]``; ``block_ids``: int32 ``[Hkv, T, K]`` logical block ids (-1: none);
+    ``block_table``: int32 ``[R, S]``; ``req``, ``pos``: int32 ``[T]``; ``k_scale``/``v_scale``: a float or
+    a one-element fp32 tensor on ``q``'s device; ``config``: the tile shape (default
+    :func:`default_prefill_config`). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
@@ -186,7 +191,7 @@ def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_s
         raise ValueError(f"tokens_per_tile={cfg.tokens_per_tile} gives {cfg.tokens_per_tile * group_pow2} rows "
                          "per tile; tl.dot needs 16")
     req, pos = req.contiguous(), pos.contiguous()
-    union_len, plan = plan_tiles(topk, block_table, req, pos, cfg.tokens_per_tile)
+    union_len, plan = plan_tiles(block_ids, block_table, req, pos, cfg.tokens_per_tile)
     _sparse_prefill_kernel[(union_len.shape[1], hkv)](
         q, out, cache, pos, union_len, plan[0], plan[1], plan[2],
         k_scale, v_scale, float(sm_scale),

@@ -136,11 +136,13 @@ def _write_kv_kernel(
     tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
 
 
-def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
-    """Launch the two parity passes; arguments as validated by the dispatcher.
+def launch(cache, slots, k, v, k_scale, v_scale) -> None:
+    """Cache write (:func:`sglang_nvfp4.kernels.write_kv`): launch the two parity passes; arguments
+    as validated by the dispatcher.
 
-    ``slots [N]`` int32/int64 distinct (negative: skipped); ``k, v [N, Hkv, 128]`` with unit stride in
-    the last dim; scales: floats or one-element fp32 tensors on the cache's device."""
+    ``cache``: uint8 ``[pages, 2 * Hkv, 128, 72]``, written in place; ``slots [N]`` int32/int64 distinct
+    (negative: skipped); ``k, v [N, Hkv, 128]`` (bf16/fp16/fp32) with unit stride in the last dim;
+    scales: floats or one-element fp32 tensors on the cache's device."""
     n = slots.shape[0]
     if n == 0:
         return
