@@ -162,7 +162,8 @@ def load_vt_tile(cache_ptr, v_block, key_live, USE_PTX: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(s, visible, logit_scale, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
+def online_softmax_step(s, visible, logit_scale, m_i, l_i,
+                        KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
     """Fold one page of logits into a running exp2 softmax; returns ``(p, alpha, m_new, l_new)``.
 
     ``s``: fp32 ``Q.K^T`` of the page (tile values, unscaled), keys on axis ``KEY_AXIS``: ``[rows, keys]``
@@ -195,4 +196,5 @@ def normalize_and_store(out_rows, acc, l, out_scale, live):
     ``live``: bool ``[rows]``, the rows to write."""
     norm = tl.where(l > 0, out_scale / tl.where(l > 0, l, 1.0), 0.0)
     dims = vt_tile_dim(tl.arange(0, HEAD_DIM))
-    tl.store(out_rows[:, None] + dims[None, :], (acc * norm[:, None]).to(out_rows.dtype.element_ty), mask=live[:, None])
+    out = (acc * norm[:, None]).to(out_rows.dtype.element_ty)
+    tl.store(out_rows[:, None] + dims[None, :], out, mask=live[:, None])

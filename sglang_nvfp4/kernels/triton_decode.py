@@ -1,5 +1,6 @@
 """Triton sparse decode over the NVFP4 cache: one query token per request (contract:
-:mod:`sglang_nvfp4.reference`).
+:mod:`sglang_nvfp4.reference`); entry point :func:`launch`, called by the dispatcher
+:mod:`sglang_nvfp4.kernels`. The selection is ``block_ids [Hkv, T, K]`` int32, as for prefill.
 
 Decode reads each selected page once per (token, KV head), so the aim is bytes in flight: one
 program per (token, KV head, split) holds the ``GROUP`` query heads (padded to 16) and walks its
@@ -8,7 +9,8 @@ kept block). The products are transposed, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``
 on the matrix unit's M side (128 rows, Hopper's wgmma) and the heads on N, so the decoded tiles are
 used from registers and only ``Q^T`` and the small ``P^T`` pass through shared memory.
 With ``SPLITS > 1`` (small batches that would leave most multiprocessors idle) each program writes
-its partial ``(acc, max, sum)`` and ``_combine_splits_kernel`` merges them.
+its partial ``(acc, max, sum)`` and ``_combine_splits_kernel`` merges them. The softmax step and the
+final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def _combine_splits_kernel(
     acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, 128]
     out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
     head = kv_head * GROUP + rows
-    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale, rows < GROUP)
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale,
+                        rows < GROUP)
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,

@@ -26,7 +26,7 @@ import triton.language as tl
 from .. import format as fmt
 from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE, TILE_SCALE, load_k_tile, uses_ptx
 
-_EMPTY_ID = tl.constexpr(1 << 30)  # ids >= this mark empty slots of the running top-k (empty slot j holds _EMPTY_ID + j)
+_EMPTY_ID = tl.constexpr(1 << 30)  # ids >= this mark empty slots of the running top-k (slot j holds _EMPTY_ID + j)
 _PAD_ID = tl.constexpr((1 << 31) - 1)  # slots past topk when the slot count is padded to a power of two
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _NAN_BITS = tl.constexpr(0x7FC00000)  # a quiet NaN, as fp32 bits

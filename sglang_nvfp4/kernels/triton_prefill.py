@@ -1,7 +1,9 @@
-"""Triton sparse prefill over the NVFP4 cache (contract: :mod:`sglang_nvfp4.reference`).
+"""Triton sparse prefill over the NVFP4 cache (contract: :mod:`sglang_nvfp4.reference`); entry
+point :func:`launch`, called by the dispatcher :mod:`sglang_nvfp4.kernels`.
 
-Work is split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV head, so a
-tile is ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wgmma). Two launches:
+The selection is ``block_ids [Hkv, T, K]`` int32 (logical block ids per KV head and token). Work is
+split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV head, so a tile is
+``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wgmma). Two launches:
 
 1. ``_plan_tiles_kernel`` (one program per tile and KV head): gathers the tile's selected blocks,
    drops ``-1`` ids and blocks that start after the selecting token's position, deduplicates the
@@ -9,10 +11,10 @@ tile is ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wg
    page, the logical block (key positions are ``128 * block + j``) and a bitmask of the tile's
    tokens that selected it.
 2. ``_sparse_prefill_kernel`` (one program per tile and KV head, deepest tiles first): for each
-   union entry it decodes the page's K and V^T tiles once (bit arithmetic, :mod:`.triton_common`),
-   computes ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past
-   each token's position, and runs an online softmax in exp2 with ``P`` rounded to fp16 before
-   ``P.V``. Rows that see no key write 0.
+   union entry it decodes the page's K and V^T tiles once (:mod:`.triton_common`), computes
+   ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past each
+   token's position, and takes an online-softmax step in exp2 (``online_softmax_step``) with ``P``
+   rounded to fp16 before ``P.V``. Rows that see no key write 0 (``normalize_and_store``).
 
 Every union entry costs a page decode and a full ``M x 128 x 128`` pair of products, so the tile size
 trades the decode shared by the tile's tokens against products spent on rows that did not select a
@@ -145,7 +147,8 @@ def _sparse_prefill_kernel(
         row_selected = ((members >> row_token) & 1) != 0
         key_pos = block * PAGE + keys
         visible = row_selected[:, None] & (key_pos[None, :] <= pos[:, None])
-        p, alpha, m_i, l_i = online_softmax_step(s, visible, logit_scale, m_i, l_i, KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
+        p, alpha, m_i, l_i = online_softmax_step(s, visible, logit_scale, m_i, l_i,
+                                                 KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
         key_live = key_pos <= tl.max(tl.where(row_selected, pos, -1), axis=0)  # seen by some row
         vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, key_live, USE_PTX)
         acc = tl.dot(p.to(tl.float16), tl.trans(vt), acc * alpha[:, None])

@@ -1,9 +1,12 @@
 """Triton cache write: quantize ``k, v [N, Hkv, 128]`` to NVFP4 and scatter them to their slots,
-bit for bit as :func:`sglang_nvfp4.format.write_kv` (for inputs without NaN).
+bit for bit as :func:`sglang_nvfp4.format.write_kv` (for inputs without NaN); entry point
+:func:`launch`, called by the dispatcher :mod:`sglang_nvfp4.kernels`. The encoders live here (only
+this kernel encodes); the E4M3 decoder and the layout constants come from :mod:`.triton_common`.
 
 Exactness: every fp32 step is the reference's, with correctly rounded divisions (``div_rn``; a plain
 ``/`` is approximate on CUDA); E4M3 rounding is done on the integer mantissa (round half to even),
-and E2M1 by the reference's own thresholds, read from :mod:`sglang_nvfp4.format`.
+E2M1 by the reference's own thresholds (``format.E2M1_THRESHOLDS``), and the scale divisor is the
+exact decoded scale.
 
 A V byte holds two tokens (even token low nibble, odd token high nibble), so tokens are written in
 two launches, even rows then odd rows: inside a launch no two programs touch the same byte, and the
