@@ -36,7 +36,7 @@ import triton.language as tl
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
 from sglang_nvfp4.kernels import triton_decode, triton_prefill
-from sglang_nvfp4.kernels.triton_tiles import (
+from sglang_nvfp4.kernels.triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
     PAGE,
@@ -245,7 +245,7 @@ def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep):
         row["sweep"] = []
         for c in triton_prefill.PREFILL_CONFIGS:
             u, _ = triton_prefill.plan_tiles(topk, block_table, req, pos, c.tokens_per_tile)
-            ms = bench_ms(lambda: triton_prefill.sparse_prefill(*args, out, config=c))
+            ms = bench_ms(lambda: triton_prefill.launch(*args, out, config=c))
             row["sweep"].append({"config": list(c), "ms": ms, "union_mean": u.float().mean().item()})
     if in_tree_ok:
         peer = InTreeSparse(cache, block_table, topk, t)
@@ -338,7 +338,7 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep):
     if sweep:
         row["sweep"] = []
         for cap in DECODE_SWEEP:
-            ms = graph_ms(lambda: triton_decode.sparse_decode(*args, out, max_registers=cap))
+            ms = graph_ms(lambda: triton_decode.launch(*args, out, max_registers=cap))
             row["sweep"].append({"max_registers": cap, "ms": ms, "GBps": moved / ms / 1e6})
     return row
 

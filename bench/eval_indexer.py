@@ -340,7 +340,7 @@ def bench_ms(fn):
 def gpu_section(args):
     import triton
 
-    from sglang_nvfp4.indexer_triton import select_topk
+    from sglang_nvfp4.kernels.triton_indexer import select_top_blocks
 
     device = torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
@@ -378,7 +378,7 @@ def gpu_section(args):
         keys = summaries.keys("quest")
         for tokens in (16, 32, 64):
             run[f"select_quest_tile{tokens}_ms"] = bench_ms(
-                lambda: select_topk(qa, keys, table, req, pos, TOPK, SINK, LOCAL, tokens_per_tile=tokens))
+                lambda: select_top_blocks(qa, keys, table, req, pos, TOPK, SINK, LOCAL, tokens_per_tile=tokens))
         topk = select_blocks(q, summaries, table, req, pos)
         if attention_impl is not None:
             try:

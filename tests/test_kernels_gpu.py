@@ -64,13 +64,13 @@ def test_prefill_realistic(t, heads, kv_heads):
     pos = torch.cat([torch.arange(300, t + 300), torch.arange(700)]).int().to(DEV)
     req = torch.cat([torch.zeros(t), torch.ones(700)]).int().to(DEV)
     last_block = torch.where(req == 0, (t + 299) // fmt.PAGE_SIZE, 699 // fmt.PAGE_SIZE)
-    topk = random_selection(pos, last_block, kv_heads, fmt.TOPK, gen)
+    block_ids = random_selection(pos, last_block, kv_heads, fmt.TOPK, gen)
     q = (torch.randn(t + 700, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     out = torch.full_like(q, float("nan"))
-    kernels.sparse_prefill(q, cache, topk, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out=out)
+    kernels.sparse_prefill(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out=out)
     assert not out.isnan().any()
     sample = torch.randperm(q.shape[0], device=DEV, generator=gen)[:512]
-    want = sparse_prefill_reference(q[sample], cache, topk[:, sample].contiguous(), block_table, req[sample],
+    want = sparse_prefill_reference(q[sample], cache, block_ids[:, sample].contiguous(), block_table, req[sample],
                                      pos[sample], 0.5, 2.0, fmt.HEAD_DIM**-0.5)
     assert rel_err(out[sample], want) < 6e-3  # bf16 output rounding dominates
 
@@ -83,12 +83,12 @@ def test_decode_realistic(batch, ctx):
     cache, block_table = filled_cache(lens, kv_heads, gen)
     pos = torch.tensor(lens, device=DEV).int() - 1
     req = torch.arange(batch, device=DEV).int()
-    topk = random_selection(pos, pos // fmt.PAGE_SIZE, kv_heads, fmt.TOPK, gen)
+    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, kv_heads, fmt.TOPK, gen)
     k_scale, v_scale = torch.tensor(0.5, device=DEV), torch.tensor([2.0], device=DEV)
     q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     out = torch.full_like(q, float("nan"))
-    kernels.sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5, out=out)
-    want = sparse_prefill_reference(q, cache, topk, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5)
+    kernels.sparse_decode(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5, out=out)
+    want = sparse_prefill_reference(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5)
     assert not out.isnan().any()
     assert rel_err(out, want) < 6e-3
 
@@ -108,12 +108,20 @@ def test_write_kv_bit_identical_on_gpu():
     assert torch.equal(cache.cpu(), want)
 
 
+@pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int32])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+def test_e4m3_decode_is_exact_for_all_codes(code_dtype, out_dtype):
+    from e4m3_probe import check_e4m3_decode  # imports triton: only when this GPU test runs
+
+    check_e4m3_decode(DEV, code_dtype, out_dtype)
+
+
 def test_kernels_replay_in_a_cuda_graph():
     gen = torch.Generator(device=DEV).manual_seed(4)
     cache, block_table = filled_cache([5000, 3000], 4, gen)
     pos = torch.tensor([4999, 2999], device=DEV).int()
     req = torch.tensor([0, 1], device=DEV).int()
-    topk = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
+    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
     q = (torch.randn(2, 64, 128, device=DEV, generator=gen) * 0.3).half()
     k_new, v_new = torch.randn(2, 2, 4, 128, device=DEV, generator=gen)
     slots = torch.tensor([block_table[0, 39] * 128 + 8, block_table[1, 23] * 128 + 56], device=DEV)
@@ -122,8 +130,8 @@ def test_kernels_replay_in_a_cuda_graph():
 
     def step():
         kernels.write_kv(cache, slots, k_new, v_new, *scales)
-        kernels.sparse_decode(q, cache, topk, block_table, req, pos, *scales, 0.1, out=outs[0])
-        kernels.sparse_prefill(q, cache, topk, block_table, req, pos, *scales, 0.1, out=outs[1])
+        kernels.sparse_decode(q, cache, block_ids, block_table, req, pos, *scales, 0.1, out=outs[0])
+        kernels.sparse_prefill(q, cache, block_ids, block_table, req, pos, *scales, 0.1, out=outs[1])
 
     step()  # compile outside the capture
     torch.cuda.synchronize()

@@ -24,7 +24,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 18  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 22  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -41,16 +41,22 @@ def share_first_page(p):
     return p
 
 
-def args_of(p, topk):
-    return (p.q, p.cache, topk, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
+def args_of(p, block_ids):
+    return (p.q, p.cache, block_ids, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
 
 
 if INTERPRETED:
+    from e4m3_probe import check_e4m3_decode
     from sglang_nvfp4.kernels import triton_decode, triton_prefill
 
     @pytest.fixture
     def forced_triton(monkeypatch):
         monkeypatch.setenv(kernels.FORCE_ENV, "triton")
+
+    @pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int32])
+    @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+    def test_e4m3_decode_is_exact_for_all_codes(code_dtype, out_dtype):
+        check_e4m3_decode("cpu", code_dtype, out_dtype)
 
     # Three requests (one sharing a page with another), partial last pages, chunk starts not page
     # aligned, tiles spanning requests; random_topk adds -1 slots, duplicates and later blocks.
@@ -67,11 +73,11 @@ if INTERPRETED:
     def test_prefill_matches_reference(heads, kv_heads, tokens_per_tile, dtype):
         p = share_first_page(make_problem(40 + heads + tokens_per_tile, [700, 390, 129], [21, 14, 6], num_heads=heads,
                                           num_kv_heads=kv_heads, k_scale=0.5, v_scale=2.0, dtype=dtype))
-        topk = random_topk(p, seed=tokens_per_tile, dup_prob=0.3)
-        topk[:, 3] = -1  # a token that selected nothing
-        want = sparse_prefill_reference(*args_of(p, topk))
+        block_ids = random_topk(p, seed=tokens_per_tile, dup_prob=0.3)
+        block_ids[:, 3] = -1  # a token that selected nothing
+        want = sparse_prefill_reference(*args_of(p, block_ids))
         out = poisoned(p.q)
-        triton_prefill.sparse_prefill(*args_of(p, topk), out, config=triton_prefill.PrefillConfig(tokens_per_tile, 4, 1))
+        triton_prefill.launch(*args_of(p, block_ids), out, config=triton_prefill.PrefillConfig(tokens_per_tile, 4, 1))
         assert not out.isnan().any()
         assert torch.all(out[3] == 0)
         tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
@@ -81,11 +87,11 @@ if INTERPRETED:
     def test_decode_matches_reference(heads, kv_heads, splits):
         p = share_first_page(make_problem(60 + splits, [900, 1300, 129, 257, 40], [1] * 5, num_heads=heads,
                                           num_kv_heads=kv_heads, k_scale=2.0, v_scale=0.25, dtype=torch.float32))
-        topk = random_topk(p, seed=splits, dup_prob=0.5)
-        topk[:, 4] = -1
-        want = sparse_prefill_reference(*args_of(p, topk))
+        block_ids = random_topk(p, seed=splits, dup_prob=0.5)
+        block_ids[:, 4] = -1
+        want = sparse_prefill_reference(*args_of(p, block_ids))
         out = poisoned(p.q)
-        triton_decode.sparse_decode(*args_of(p, topk), out, splits=splits)
+        triton_decode.launch(*args_of(p, block_ids), out, splits=splits)
         assert not out.isnan().any()
         assert torch.all(out[4] == 0)
         assert rel_err(out, want) < 3e-4
@@ -93,30 +99,30 @@ if INTERPRETED:
     def test_dispatcher_serves_triton_with_tensor_scales_and_strided_q(forced_triton):
         p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,
                          dtype=torch.float16)
-        topk = random_topk(p, seed=7)
-        want = sparse_prefill_reference(*args_of(p, topk))
+        block_ids = random_topk(p, seed=7)
+        want = sparse_prefill_reference(*args_of(p, block_ids))
         wide = torch.randn(p.q.shape[0], 16, 256, dtype=p.q.dtype)
         wide[..., :128] = p.q  # q as a strided view, as when sliced out of a fused qkv tensor
         q = wide[..., :128]
         scales = torch.tensor([p.k_scale]), torch.tensor(p.v_scale, dtype=torch.float64)
         for fn in (kernels.sparse_prefill, kernels.sparse_decode):
             out = poisoned(p.q)
-            assert fn(q, p.cache, topk, p.block_table, p.req, p.pos, *scales, p.sm_scale, out=out) is out
+            assert fn(q, p.cache, block_ids, p.block_table, p.req, p.pos, *scales, p.sm_scale, out=out) is out
             assert rel_err(out, want) < 1e-3
         assert kernels.backend_name("cpu") == "triton"
 
     @pytest.mark.parametrize("width", [5, 20])
     def test_any_topk_width(forced_triton, width):
         p = make_problem(71, [1200], [10], num_heads=16, num_kv_heads=1, dtype=torch.float32)
-        topk = random_topk(p, seed=width, width=width)
-        want = sparse_prefill_reference(*args_of(p, topk))
-        assert rel_err(kernels.sparse_prefill(*args_of(p, topk)), want) < 2e-4
-        assert rel_err(kernels.sparse_decode(*args_of(p, topk)), want) < 2e-4
+        block_ids = random_topk(p, seed=width, width=width)
+        want = sparse_prefill_reference(*args_of(p, block_ids))
+        assert rel_err(kernels.sparse_prefill(*args_of(p, block_ids)), want) < 2e-4
+        assert rel_err(kernels.sparse_decode(*args_of(p, block_ids)), want) < 2e-4
 
     def test_keys_nobody_sees_may_hold_nan_codes(forced_triton):
         p = make_problem(72, [300, 200], [14, 7], num_heads=16, num_kv_heads=2, dtype=torch.float32)
-        topk = random_topk(p, seed=4)
-        base = kernels.sparse_prefill(*args_of(p, topk))
+        block_ids = random_topk(p, seed=4)
+        base = kernels.sparse_prefill(*args_of(p, block_ids))
         # NaN-coded scales and codes in the unwritten tail of each request's last page
         for r, n in enumerate(p.seq_lens):
             page, tail = int(p.block_table[r, (n - 1) // 128]), n % 128
@@ -124,17 +130,17 @@ if INTERPRETED:
             token_of_scale = torch.arange(128)[:, None] % 16 * 8 + torch.arange(8)[None, :]
             p.cache[page, 2:, :, 64:] = torch.where(token_of_scale >= tail, 0x7F, p.cache[page, 2:, :, 64:]).to(torch.uint8)
         for fn in (kernels.sparse_prefill, kernels.sparse_decode):
-            out = fn(*args_of(p, topk))
+            out = fn(*args_of(p, block_ids))
             assert torch.isfinite(out).all()
             assert rel_err(out, base) < 2e-4
 
     def test_tokens_without_keys_write_zero(forced_triton):
         p = make_problem(73, [600], [24], num_heads=16, num_kv_heads=1, dtype=torch.float32)
         p.pos = torch.arange(100, 124, dtype=torch.int32)  # an earlier chunk of the request: block 0
-        topk = torch.full((1, 24, 16), -1, dtype=torch.int32)
-        topk[0, ::2, 0] = 3  # a later block: nothing visible
+        block_ids = torch.full((1, 24, 16), -1, dtype=torch.int32)
+        block_ids[0, ::2, 0] = 3  # a later block: nothing visible
         for fn in (kernels.sparse_prefill, kernels.sparse_decode):
-            assert torch.equal(fn(*args_of(p, topk), out=poisoned(p.q)), torch.zeros_like(p.q))
+            assert torch.equal(fn(*args_of(p, block_ids), out=poisoned(p.q)), torch.zeros_like(p.q))
 
     def _write_inputs(seed, n, hkv, dtype):
         gen = torch.Generator().manual_seed(seed)

@@ -1,5 +1,6 @@
 """Triton sparse decode over the NVFP4 cache: one query token per request (contract:
-:mod:`sglang_nvfp4.reference`).
+:mod:`sglang_nvfp4.reference`); entry point :func:`launch`, called by the dispatcher
+:mod:`sglang_nvfp4.kernels`. The selection is ``block_ids [Hkv, T, K]`` int32, as for prefill.
 
 Decode reads each selected page once per (token, KV head), so the aim is bytes in flight: one
 program per (token, KV head, split) holds the ``GROUP`` query heads (padded to 16) and walks its
@@ -8,7 +9,8 @@ kept block). The products are transposed, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``
 on the matrix unit's M side (128 rows, Hopper's wgmma) and the heads on N, so the decoded tiles are
 used from registers and only ``Q^T`` and the small ``P^T`` pass through shared memory.
 With ``SPLITS > 1`` (small batches that would leave most multiprocessors idle) each program writes
-its partial ``(acc, max, sum)`` and ``_combine_splits_kernel`` merges them.
+its partial ``(acc, max, sum)`` and ``_combine_splits_kernel`` merges them. The softmax step and the
+final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import (
+from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
     LOG2E,
@@ -26,8 +28,9 @@ from .triton_tiles import (
     global_scale,
     load_k_tile,
     load_vt_tile,
+    normalize_and_store,
+    online_softmax_step,
     uses_ptx,
-    vt_tile_dim,
 )
 
 MIN_DOT_ROWS = 16  # tl.dot needs at least 16 rows
@@ -49,9 +52,10 @@ def default_splits(num_tokens: int, num_kv_heads: int, topk_width: int, device: 
 @triton.jit
 def _sparse_decode_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_stats_ptr, cache_ptr,  # q/out [T, H, 128]; partials fp32
-    topk_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
     k_scale, v_scale, sm_scale,
-    K, stride_qt, stride_qh, stride_ot, stride_oh, stride_kh, stride_kt, stride_kk, stride_br, stride_bs,
+    K, stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_ih, stride_it, stride_ik, stride_br, stride_bs,  # block_ids strides, block_table strides
     HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, K_POW2: tl.constexpr, SPLITS: tl.constexpr,
     K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr, USE_PTX: tl.constexpr,
 ):
@@ -61,7 +65,7 @@ def _sparse_decode_kernel(
 
     # The token's selection: keep the first occurrence of each block that starts at or before pos.
     slot = tl.arange(0, K_POW2)
-    block = tl.load(topk_ptr + kv_head * stride_kh + token.to(tl.int64) * stride_kt + slot * stride_kk,
+    block = tl.load(block_ids_ptr + kv_head * stride_ih + token.to(tl.int64) * stride_it + slot * stride_ik,
                     mask=slot < K, other=-1)
     pos = tl.load(pos_ptr + token)
     req = tl.load(req_ptr + token)
@@ -93,21 +97,16 @@ def _sparse_decode_kernel(
         k = load_k_tile(cache_ptr, page_base + kv_head * BLOCK_WORDS, USE_PTX)
         s_t = tl.dot(k, q_t)  # [128 keys, ROWS]
         visible = (block_j * PAGE + keys) <= pos
-        s_t = tl.where(visible[:, None], s_t * logit_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))  # finite: key 128 * block_j <= pos is visible
-        alpha = tl.exp2(m_i - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, axis=0)
+        # Key 128 * block_j <= pos is visible to every row: no row's max stays -inf.
+        p_t, alpha, m_i, l_i = online_softmax_step(s_t, visible[:, None], logit_scale, m_i, l_i,
+                                                   KEY_AXIS=0, ROWS_MAY_SEE_NOTHING=False)
         vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, visible, USE_PTX)
         acc_t = tl.dot(vt, p_t.to(tl.float16), acc_t * alpha[None, :])
-        m_i = m_new
     acc = tl.trans(acc_t)
 
     if SPLITS == 1:
         out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
-        norm = tl.where(l_i > 0, out_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
-        tl.store(out_ptr + token.to(tl.int64) * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
-                 (acc * norm[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+        normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
     else:
         part = (token.to(tl.int64) * HKV + kv_head) * SPLITS + split
         tl.store(part_acc_ptr + part * ROWS * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
@@ -138,25 +137,28 @@ def _combine_splits_kernel(
                   + dims[None, None, :])
     acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, 128]
     out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
-    norm = tl.where(l_sum > 0, out_scale / tl.where(l_sum > 0, l_sum, 1.0), 0.0)
     head = kv_head * GROUP + rows
-    tl.store(out_ptr + token.to(tl.int64) * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
-             (acc * norm[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale,
+                        rows < GROUP)
 
 
-def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
-                  num_warps: int = DECODE_NUM_WARPS, num_stages: int = DECODE_NUM_STAGES,
-                  max_registers: int | None = DECODE_MAX_REGISTERS):
-    """Launch the decode kernel (and the split combine); arguments as validated by the dispatcher.
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
+           num_warps: int = DECODE_NUM_WARPS, num_stages: int = DECODE_NUM_STAGES,
+           max_registers: int | None = DECODE_MAX_REGISTERS):
+    """Sparse decode (:func:`sglang_nvfp4.kernels.sparse_decode`): launch the decode kernel (and the
+    split combine); arguments as validated by the dispatcher.
 
-    ``q``, ``out``: ``[T, H, 128]`` with unit stride in the last dim, one token per row; ``splits``:
-    programs per (token, KV head), a power of two (default :func:`default_splits`). Returns ``out``."""
+    ``q``, ``out``: ``[T, H, 128]`` (bf16/fp16/fp32) with unit stride in the last dim, one token per
+    row; ``cache``, ``block_ids`` (int32 ``[Hkv, T, K]``), ``block_table``, ``req``, ``pos`` and the scales
+    as for :func:`.triton_prefill.launch`; ``splits``: programs per (token, KV head), a power of two
+    (default :func:`default_splits`); ``max_registers``: register cap per thread on NVIDIA (None: no
+    cap). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
     if t == 0:
         return out
-    width = topk.shape[2]
+    width = block_ids.shape[2]
     splits = splits or default_splits(t, hkv, width, q.device)
     if splits & (splits - 1):
         raise ValueError(f"splits must be a power of two, got {splits}")
@@ -169,9 +171,9 @@ def sparse_decode(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_sc
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     register_cap = {"maxnreg": max_registers} if uses_ptx(q.device) and max_registers else {}
     _sparse_decode_kernel[(t, hkv, splits)](
-        q, out, part_acc, part_stats, cache, topk, block_table, req.contiguous(), pos.contiguous(),
+        q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
         k_scale, v_scale, float(sm_scale),
-        width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *topk.stride(), *block_table.stride(),
+        width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
         HKV=hkv, GROUP=group, ROWS=rows, K_POW2=triton.next_power_of_2(width), SPLITS=splits,
         K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer, USE_PTX=uses_ptx(q.device),
         num_warps=num_warps, num_stages=num_stages, **register_cap,

@@ -1,7 +1,9 @@
-"""Triton sparse prefill over the NVFP4 cache (contract: :mod:`sglang_nvfp4.reference`).
+"""Triton sparse prefill over the NVFP4 cache (contract: :mod:`sglang_nvfp4.reference`); entry
+point :func:`launch`, called by the dispatcher :mod:`sglang_nvfp4.kernels`.
 
-Work is split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV head, so a
-tile is ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wgmma). Two launches:
+The selection is ``block_ids [Hkv, T, K]`` int32 (logical block ids per KV head and token). Work is
+split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV head, so a tile is
+``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wgmma). Two launches:
 
 1. ``_plan_tiles_kernel`` (one program per tile and KV head): gathers the tile's selected blocks,
    drops ``-1`` ids and blocks that start after the selecting token's position, deduplicates the
@@ -9,10 +11,10 @@ tile is ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wg
    page, the logical block (key positions are ``128 * block + j``) and a bitmask of the tile's
    tokens that selected it.
 2. ``_sparse_prefill_kernel`` (one program per tile and KV head, deepest tiles first): for each
-   union entry it decodes the page's K and V^T tiles once (bit arithmetic, :mod:`.triton_tiles`),
-   computes ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past
-   each token's position, and runs an online softmax in exp2 with ``P`` rounded to fp16 before
-   ``P.V``. Rows that see no key write 0.
+   union entry it decodes the page's K and V^T tiles once (:mod:`.triton_common`), computes
+   ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past each
+   token's position, and takes an online-softmax step in exp2 (``online_softmax_step``) with ``P``
+   rounded to fp16 before ``P.V``. Rows that see no key write 0 (``normalize_and_store``).
 
 Every union entry costs a page decode and a full ``M x 128 x 128`` pair of products, so the tile size
 trades the decode shared by the tile's tokens against products spent on rows that did not select a
@@ -28,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import (
+from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
     LOG2E,
@@ -37,8 +39,9 @@ from .triton_tiles import (
     global_scale,
     load_k_tile,
     load_vt_tile,
+    normalize_and_store,
+    online_softmax_step,
     uses_ptx,
-    vt_tile_dim,
 )
 
 
@@ -62,9 +65,9 @@ def default_prefill_config(group: int) -> PrefillConfig:
 
 @triton.jit
 def _plan_tiles_kernel(
-    topk_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
     plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,  # int32 [Hkv, tiles], [Hkv, tiles, WIDTH] x 3
-    T, K, stride_kh, stride_kt, stride_kk, stride_br, stride_bs,
+    T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs,  # block_ids strides, block_table strides
     BLOCK_T: tl.constexpr, K_POW2: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -77,7 +80,7 @@ def _plan_tiles_kernel(
     token = tile * BLOCK_T + tile_token
     slot = entry % K_POW2
     live = (token < T) & (slot < K)
-    block = tl.load(topk_ptr + kv_head * stride_kh + token.to(tl.int64) * stride_kt + slot * stride_kk,
+    block = tl.load(block_ids_ptr + kv_head * stride_ih + token.to(tl.int64) * stride_it + slot * stride_ik,
                     mask=live, other=-1)
     req = tl.load(req_ptr + token, mask=live, other=0)
     pos = tl.load(pos_ptr + token, mask=live, other=-1)
@@ -144,45 +147,42 @@ def _sparse_prefill_kernel(
         row_selected = ((members >> row_token) & 1) != 0
         key_pos = block * PAGE + keys
         visible = row_selected[:, None] & (key_pos[None, :] <= pos[:, None])
-        s = tl.where(visible, s * logit_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = online_softmax_step(s, visible, logit_scale, m_i, l_i,
+                                                 KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
         key_live = key_pos <= tl.max(tl.where(row_selected, pos, -1), axis=0)  # seen by some row
         vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, key_live, USE_PTX)
         acc = tl.dot(p.to(tl.float16), tl.trans(vt), acc * alpha[:, None])
-        m_i = m_new
 
-    norm = tl.where(l_i > 0, out_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)  # rows that saw no key write 0
-    out = acc * norm[:, None]
-    tl.store(out_ptr + token.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + vt_tile_dim(dims)[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
 
 
-def plan_tiles(topk, block_table, req, pos, tokens_per_tile: int):
-    """The planning pass alone: ``(union_len int32 [Hkv, tiles], plan int32 [3, Hkv, tiles, width])``,
-    the union entries' pages, blocks and member bitmasks (``width = tokens_per_tile * K_POW2``)."""
-    hkv, t, width_k = topk.shape
+def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):
+    """The planning pass alone, for int32 ``block_ids [Hkv, T, K]``: ``(union_len int32 [Hkv, tiles],
+    plan int32 [3, Hkv, tiles, width])``, the union entries' pages, blocks and member bitmasks
+    (``width = tokens_per_tile * K_POW2``)."""
+    hkv, t, width_k = block_ids.shape
     k_pow2 = triton.next_power_of_2(width_k)
     num_tiles = triton.cdiv(t, tokens_per_tile)
-    union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=topk.device)
-    plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=topk.device)
+    union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=block_ids.device)
+    plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=block_ids.device)
     _plan_tiles_kernel[(num_tiles, hkv)](
-        topk, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
-        t, width_k, *topk.stride(), *block_table.stride(),
+        block_ids, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
+        t, width_k, *block_ids.stride(), *block_table.stride(),
         BLOCK_T=tokens_per_tile, K_POW2=k_pow2, num_warps=4,
     )
     return union_len, plan
 
 
-def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_scale, out,
-                   config: PrefillConfig | None = None):
-    """Launch the plan and attention kernels; arguments as validated by the dispatcher.
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
+           config: PrefillConfig | None = None):
+    """Sparse prefill (:func:`sglang_nvfp4.kernels.sparse_prefill`): launch the plan and attention
+    kernels; arguments as validated by the dispatcher.
 
-    ``q``, ``out``: ``[T, H, 128]`` with unit stride in the last dim; ``k_scale``/``v_scale``: a float
-    or a one-element fp32 tensor on ``q``'s device. Returns ``out``."""
+    ``q``, ``out``: ``[T, H, 128]`` (bf16/fp16/fp32) with unit stride in the last dim; ``cache``: uint8
+    ``[pages, 2 * Hkv, 128, 72]``; ``block_ids``: int32 ``[Hkv, T, K]`` logical block ids (-1: none);
+    ``block_table``: int32 ``[R, S]``; ``req``, ``pos``: int32 ``[T]``; ``k_scale``/``v_scale``: a float or
+    a one-element fp32 tensor on ``q``'s device; ``config``: the tile shape (default
+    :func:`default_prefill_config`). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
@@ -194,7 +194,7 @@ def sparse_prefill(q, cache, topk, block_table, req, pos, k_scale, v_scale, sm_s
         raise ValueError(f"tokens_per_tile={cfg.tokens_per_tile} gives {cfg.tokens_per_tile * group_pow2} rows "
                          "per tile; tl.dot needs 16")
     req, pos = req.contiguous(), pos.contiguous()
-    union_len, plan = plan_tiles(topk, block_table, req, pos, cfg.tokens_per_tile)
+    union_len, plan = plan_tiles(block_ids, block_table, req, pos, cfg.tokens_per_tile)
     _sparse_prefill_kernel[(union_len.shape[1], hkv)](
         q, out, cache, pos, union_len, plan[0], plan[1], plan[2],
         k_scale, v_scale, float(sm_scale),

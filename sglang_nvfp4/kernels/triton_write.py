@@ -1,9 +1,12 @@
 """Triton cache write: quantize ``k, v [N, Hkv, 128]`` to NVFP4 and scatter them to their slots,
-bit for bit as :func:`sglang_nvfp4.format.write_kv` (for inputs without NaN).
+bit for bit as :func:`sglang_nvfp4.format.write_kv` (for inputs without NaN); entry point
+:func:`launch`, called by the dispatcher :mod:`sglang_nvfp4.kernels`. The encoders live here (only
+this kernel encodes); the E4M3 decoder and the layout constants come from :mod:`.triton_common`.
 
 Exactness: every fp32 step is the reference's, with correctly rounded divisions (``div_rn``; a plain
 ``/`` is approximate on CUDA); E4M3 rounding is done on the integer mantissa (round half to even),
-and E2M1 by the reference's own thresholds, read from :mod:`sglang_nvfp4.format`.
+E2M1 by the reference's own thresholds (``format.E2M1_THRESHOLDS``), and the scale divisor is the
+exact decoded scale.
 
 A V byte holds two tokens (even token low nibble, odd token high nibble), so tokens are written in
 two launches, even rows then odd rows: inside a launch no two programs touch the same byte, and the
@@ -17,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
-from .triton_tiles import (
+from .triton_common import (
     BLOCK_BYTES,
     CODE_BYTES,
     HEAD_DIM,
@@ -28,6 +31,7 @@ from .triton_tiles import (
     SCALE_OFFSET,
     V_SCALE_ROWS_PER_GROUP,
     V_SCALES_PER_ROW,
+    e4m3_decode,
     global_scale,
 )
 
@@ -81,22 +85,12 @@ def e4m3_encode(x):
 
 
 @triton.jit
-def e4m3_decode(code):
-    """E4M3 code (int32, non-NaN) -> fp32, exactly."""
-    exp = (code >> 3) & 0xF
-    man = code & 0x7
-    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
-    mag = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)  # subnormal: man * 2**-9
-    return tl.where((code & 0x80) != 0, -mag, mag)
-
-
-@triton.jit
 def quantize_rows(x, gs):
     """fp32 ``[R, 128]`` -> (E2M1 codes int32 ``[R, 128]``, E4M3 scale codes int32 ``[R, 8]``)."""
     groups = tl.reshape(x, (x.shape[0], NUM_GROUPS, SCALE_GROUP))
     amax = tl.max(tl.abs(groups), axis=2)
     scale = e4m3_encode(tl.math.div_rn(tl.math.div_rn(amax, E2M1_MAX), gs))
-    denom = e4m3_decode(scale) * gs
+    denom = e4m3_decode(scale, tl.float32) * gs
     safe = tl.where(denom == 0, 1.0, denom)
     codes = e2m1_encode(tl.math.div_rn(groups, safe[:, :, None]))
     codes = tl.where(denom[:, :, None] == 0, 0, codes)  # an all-zero group: scale 0, codes 0
@@ -145,11 +139,13 @@ def _write_kv_kernel(
     tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
 
 
-def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
-    """Launch the two parity passes; arguments as validated by the dispatcher.
+def launch(cache, slots, k, v, k_scale, v_scale) -> None:
+    """Cache write (:func:`sglang_nvfp4.kernels.write_kv`): launch the two parity passes; arguments
+    as validated by the dispatcher.
 
-    ``slots [N]`` int32/int64 distinct (negative: skipped); ``k, v [N, Hkv, 128]`` with unit stride in
-    the last dim; scales: floats or one-element fp32 tensors on the cache's device."""
+    ``cache``: uint8 ``[pages, 2 * Hkv, 128, 72]``, written in place; ``slots [N]`` int32/int64 distinct
+    (negative: skipped); ``k, v [N, Hkv, 128]`` (bf16/fp16/fp32) with unit stride in the last dim;
+    scales: floats or one-element fp32 tensors on the cache's device."""
     n = slots.shape[0]
     if n == 0:
         return

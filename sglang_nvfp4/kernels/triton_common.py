@@ -1,20 +1,29 @@
-"""Decoding one page of the NVFP4 cache to fp16 tiles in registers (shared by the Triton kernels).
+"""Shared Triton building blocks of the NVFP4 kernels: layout constants, decoders, softmax steps.
 
-The layout constants come from :mod:`sglang_nvfp4.format`.
+Everything here is a ``tl.constexpr`` or a ``@triton.jit`` helper (inlined into the kernels of
+:mod:`.triton_prefill`, :mod:`.triton_decode`, :mod:`.triton_write` and :mod:`.triton_indexer`), in the
+way Triton's fused-attention tutorial factors ``_attn_fwd_inner`` out of its kernels:
 
-Values. An E2M1 code ``s e1 e0 m`` is rewritten as the E4M3 byte ``s << 7 | (e1 e0 m) << 2``, which is
-exactly ``e2m1 * 2**-6`` (code 1, the value 0.5, lands on an E4M3 subnormal), and converted to fp16
-(Hopper's ``cvt.rn.f16x2.e4m3x2`` converts two per instruction); the E4M3 block scale is converted
-the same way. Their fp16 product ``e2m1 * e4m3 * 2**-6`` is exact (a multiple of ``2**-17``, at most
-42 in magnitude), so a tile equals the reference's fp16 K or V divided by ``TILE_SCALE = 2**6``,
-which the kernels fold into their logit and output scales. No lookup table.
+* layout constants, from :mod:`sglang_nvfp4.format` (the one home of the cache layout), and ``LOG2E``
+  from :mod:`sglang_nvfp4.reference` (the contract's exp2 softmax);
+* the one E4M3 decoder, :func:`e4m3_decode`;
+* the page decoders :func:`load_k_tile` and :func:`load_vt_tile` (one page and KV head -> fp16 tile);
+* the attention kernels' online-softmax step :func:`online_softmax_step` and their final
+  normalise-and-store :func:`normalize_and_store`.
 
-Order. A row's 64 code bytes are read as 16 little-endian words of 8 codes (code ``i`` of a word
-in bits ``4i..4i+3``, the byte order of the layout), so codes come out in natural order: K tiles are
-``[keys, dims]`` as in the cache. V^T tile rows are dims in the order ``vt_tile_dim``: Triton lays a
-tile's rows out 16 apart in each thread, and this order puts those rows in one scale group, so a
-thread multiplies by the scales of one group instead of eight. Kernels store output dim ``c`` of
-``P.V`` to ``vt_tile_dim(c)``.
+Tile values. An E2M1 code ``s e1 e0 m`` is rewritten as the E4M3 byte ``s << 7 | (e1 e0 m) << 2``,
+which is exactly ``e2m1 * 2**-6`` (code 1, the value 0.5, lands on an E4M3 subnormal), and converted
+to fp16 (Hopper's ``cvt.rn.f16x2.e4m3x2`` converts two per instruction); the E4M3 block scale is
+converted the same way. Their fp16 product ``e2m1 * e4m3 * 2**-6`` is exact (a multiple of
+``2**-17``, at most 42 in magnitude), so a tile equals the reference's fp16 K or V divided by
+``TILE_SCALE = 2**6``, which the kernels fold into their logit and output scales. No lookup table.
+
+Tile order. A row's 64 code bytes are read as 16 little-endian words of 8 codes (code ``i`` of a
+word in bits ``4i..4i+3``, the byte order of the layout), so codes come out in natural order: K
+tiles are ``[keys, dims]`` as in the cache. V^T tile rows are dims in the order ``vt_tile_dim``:
+Triton lays a tile's rows out 16 apart in each thread, and this order puts those rows in one scale
+group, so a thread multiplies by the scales of one group instead of eight. Kernels store output dim
+``c`` of ``P.V`` to ``vt_tile_dim(c)`` (:func:`normalize_and_store` does).
 
 Garbage. Keys that no row can see must not affect the output even when their scale bytes are E4M3
 NaN codes: their scores are masked to ``-inf`` and ``load_vt_tile`` zeroes their V scales.
@@ -45,6 +54,9 @@ BLOCK_BYTES = tl.constexpr(fmt.PAGE_SIZE * fmt.ROW_BYTES)  # one head's K (or V^
 BLOCK_WORDS = tl.constexpr(fmt.PAGE_SIZE * fmt.ROW_BYTES // 4)
 TILE_SCALE = tl.constexpr(64.0)  # decoded tiles hold value / TILE_SCALE (see the module docstring)
 LOG2E = tl.constexpr(reference.LOG2E)
+# Triton's interpreter (3.8) decodes the E4M3 NaN codes 0x7F/0xFF as +-480; e4m3_decode patches them
+# there. Read when this module is imported, as triton.jit decides between interpreting and compiling.
+INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
 # One word in ($8), its 8 codes out in order as fp16 ($0..$7): planes of E4M3 bytes for the even
 # codes (e) and the odd codes (o), byte-interleaved back into code order, converted two at a time.
@@ -105,9 +117,18 @@ def e2m1_words_to_fp16(words, USE_PTX: tl.constexpr):
 
 
 @triton.jit
-def e4m3_to_fp16(scales):
-    """E4M3 bytes (uint8 tensor) -> fp16, exactly (NaN codes stay NaN on CUDA)."""
-    return scales.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+def e4m3_decode(codes, DTYPE: tl.constexpr):
+    """OCP E4M3FN codes (an integer tensor; its low 8 bits) -> ``DTYPE`` (fp16 or fp32), exactly, with
+    NaN for ``0x7F``/``0xFF`` (as :func:`sglang_nvfp4.format.e4m3_decode`).
+
+    One hardware conversion when compiled (on Hopper ``cvt.rn.f16x2.e4m3x2``, two codes per
+    instruction; NaN codes give NaN): uint8 codes go straight to fp16, the tiles' path. Triton's
+    interpreter converts NaN codes to +-480, so there (only: ``INTERPRETED`` is a compile-time
+    constant) they are replaced by NaN."""
+    values = codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DTYPE)
+    if INTERPRETED:
+        values = tl.where((codes & 0x7F) == 0x7F, float("nan"), values)
+    return values
 
 
 @triton.jit
@@ -117,7 +138,7 @@ def load_k_tile(cache_ptr, k_block, USE_PTX: tl.constexpr):
     key = tl.arange(0, PAGE)[:, None]
     words = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + k_block + key * ROW_WORDS + tl.arange(0, CODE_WORDS)[None, :])
     scale_bytes = cache_ptr + 4 * k_block + key * ROW + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :]
-    scales = e4m3_to_fp16(tl.load(scale_bytes))  # [keys, groups]
+    scales = e4m3_decode(tl.load(scale_bytes), tl.float16)  # [keys, groups]
     vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (PAGE, NUM_GROUPS, SCALE_GROUP))
     return tl.reshape(vals * scales[:, :, None], (PAGE, HEAD_DIM))
 
@@ -133,8 +154,47 @@ def load_vt_tile(cache_ptr, v_block, key_live, USE_PTX: tl.constexpr):
     group = tl.arange(0, NUM_GROUPS)[:, None]
     token = tl.arange(0, PAGE)[None, :]
     scale_rows = cache_ptr + 4 * v_block + (group * V_SCALE_ROWS_PER_GROUP + token // V_SCALES_PER_ROW) * ROW
-    scales = e4m3_to_fp16(tl.load(scale_rows + SCALE_OFFSET + token % V_SCALES_PER_ROW))  # [groups, keys]
+    scales = e4m3_decode(tl.load(scale_rows + SCALE_OFFSET + token % V_SCALES_PER_ROW), tl.float16)  # [groups, keys]
     scales = tl.where(key_live[None, :], scales, 0.0)
     # Tile row 16k + 2g + b holds a dim of group g.
     vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (HEAD_DIM // 16, NUM_GROUPS, 2, PAGE))
     return tl.reshape(vals * scales[None, :, None, :], (HEAD_DIM, PAGE))
+
+
+@triton.jit
+def online_softmax_step(s, visible, logit_scale, m_i, l_i,
+                        KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
+    """Fold one page of logits into a running exp2 softmax; returns ``(p, alpha, m_new, l_new)``.
+
+    ``s``: fp32 ``Q.K^T`` of the page (tile values, unscaled), keys on axis ``KEY_AXIS``: ``[rows, keys]``
+    when 1 (prefill), ``[keys, rows]`` when 0 (decode's transposed products); ``visible``: bool,
+    broadcastable to ``s``; ``logit_scale``: maps ``s`` to base-2 logits; ``m_i``, ``l_i``: fp32 ``[rows]``
+    running max and sum. ``p``: fp32 like ``s``, ``exp2(logit - m_new)`` (0 where not visible); the
+    caller rescales its accumulator by ``alpha [rows]`` and adds ``P.V``.
+
+    ``ROWS_MAY_SEE_NOTHING``: a row may have no visible key so far (its max stays ``-inf``): its
+    exponentials are then taken against 0 instead, so that it keeps ``p = 0``, ``l = 0`` and no NaN.
+    Decode passes False (every kept block's first key is visible to all rows), saving the select."""
+    s = tl.where(visible, s * logit_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=KEY_AXIS))
+    if ROWS_MAY_SEE_NOTHING:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - tl.expand_dims(m_ref, KEY_AXIS))
+    l_new = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def normalize_and_store(out_rows, acc, l, out_scale, live):
+    """Write ``acc * out_scale / l`` to the output rows; rows with ``l == 0`` (no visible key) write 0.
+
+    ``out_rows``: ``[rows]`` pointers to dim 0 of each row (q's dtype); ``acc``: fp32 ``[rows, 128]``,
+    column ``c`` holding output dim ``vt_tile_dim(c)`` (``P.V`` with a V^T tile); ``l``: fp32 ``[rows]``;
+    ``live``: bool ``[rows]``, the rows to write."""
+    norm = tl.where(l > 0, out_scale / tl.where(l > 0, l, 1.0), 0.0)
+    dims = vt_tile_dim(tl.arange(0, HEAD_DIM))
+    out = (acc * norm[:, None]).to(out_rows.dtype.element_ty)
+    tl.store(out_rows[:, None] + dims[None, :], out, mask=live[:, None])
