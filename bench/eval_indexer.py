@@ -1,7 +1,7 @@
 """Evaluate the block indexer: recall of oracle attention mass (CPU) and GPU timing (CUDA only).
 
 Recall. For token ``t`` and KV head ``h`` let ``M[b]`` be the dense causal softmax mass of block
-``b`` summed over the KV head's G query heads (:func:`sglang_nvfp4.indexer.block_attention_mass`).
+``b`` summed over the KV head's G query heads (:func:`sglang_nvfp4.quality.block_mass.block_attention_mass`).
 The recall of a selection is ``sum M[selected] / sum M[oracle top-16]``; the table gives its mean,
 5th percentile and the share of (token, head) pairs reaching 0.9, per method, and the relative
 error of the sparse attention output (reference kernel) against dense attention. Two data sets,
@@ -46,14 +46,8 @@ import torch
 
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
-from sglang_nvfp4.indexer import (
-    BlockSummaries,
-    aggregate_queries,
-    block_attention_mass,
-    forced_blocks,
-    rank_blocks,
-    select_blocks,
-)
+from sglang_nvfp4.indexer import BlockSummaries, aggregate_queries, forced_blocks, rank_blocks, select_blocks
+from sglang_nvfp4.quality.block_mass import block_attention_mass, oracle_blocks
 from sglang_nvfp4.reference import sparse_prefill_reference
 
 TOPK = fmt.TOPK
@@ -191,8 +185,7 @@ def evaluate_set(name, k, v, q, qpos, seed):
         "mean-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "mean"), own, TOPK, forced),
         "quest-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "quest"), own, TOPK, forced),
         "window": window_selection(qpos, hkv, num_blocks),
-        # = oracle_blocks(...), reusing the mass computed above: the bound any top-16 selection can reach
-        "oracle": rank_blocks(mass, own, TOPK, torch.zeros_like(forced)),
+        "oracle": oracle_blocks(mass, pos, TOPK),  # the bound any top-16 selection can reach
     }
     group = q.shape[1] // hkv
     all_blocks = torch.arange(num_blocks, dtype=torch.int32)[None, None, :].expand(hkv, t, -1).contiguous()
@@ -351,7 +344,7 @@ def gpu_section(args):
         out["check"] = {"error": f"{type(e).__name__}: {e}"}
     print("compiled kernels vs torch path:", out["check"])
     try:
-        attention_impl = kernels.backend_name(device)
+        attention_impl = kernels.resolve_implementation(device)
     except NotImplementedError as e:
         attention_impl = None
         print(f"attention kernels: not timed ({e})")

@@ -38,3 +38,60 @@ def test_cpu_write_kv_is_format_write_kv():
     kernels.write_kv(a, slots, k, v, 0.5, 2.0)
     fmt.write_kv(b, slots, k, v, 0.5, 2.0)
     assert torch.equal(a, b)
+
+
+def test_a_plan_validates_once_and_runs_every_layer():
+    """plan_attention checks the shared metadata once; run() serves several layers (own caches, own
+    selections, own scales) and equals the one-call path on each."""
+    p = make_problem(32, [700, 260], [100, 33], num_kv_heads=2)
+    gen = torch.Generator().manual_seed(1)
+    tokens = [torch.arange(n) for n in p.seq_lens]
+    slots = torch.cat([p.block_table[r].long()[t // 128] * 128 + t % 128 for r, t in enumerate(tokens)])
+    second = p.cache.clone()  # another layer: same pages, other K/V
+    fmt.write_kv(second, slots, *torch.randn(2, len(slots), 2, 128, generator=gen), 1.0, 1.0)
+    plan = kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=2)
+    assert plan.implementation == "reference" and plan.num_tokens == p.q.shape[0]
+    for q, cache, seed in ((p.q, p.cache, 0), (torch.randn(p.q.shape, generator=gen).to(p.q.dtype), second, 1)):
+        block_ids = random_block_ids(p, seed=seed)
+        want = sparse_prefill_reference(q, cache, block_ids, p.block_table, p.req, p.pos, 0.5, 2.0, 0.1)
+        out = torch.full_like(q, float("nan"))
+        assert plan.run(q, cache, block_ids, 0.5, 2.0, 0.1, out=out) is out
+        assert torch.equal(out, want) and not out.isnan().any()
+    with pytest.raises(ValueError, match="planned"):
+        plan.run(p.q[:-1], p.cache, random_block_ids(p, seed=0)[:, :-1], 1.0, 1.0, 0.1)
+    with pytest.raises(ValueError, match="planned"):
+        plan.run(p.q, fmt.alloc_cache(4, 1), random_block_ids(p, seed=0), 1.0, 1.0, 0.1)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(kind="extend"), "kind"),
+    (dict(req="int64"), "req"),
+    (dict(pos="int64"), "pos"),
+    (dict(num_kv_heads=0), "num_kv_heads"),
+])
+def test_bad_plans_are_refused(kw, match):
+    p = make_problem(34, [300], [10])
+    args = dict(kind="prefill", block_table=p.block_table, req=p.req, pos=p.pos, num_kv_heads=1)
+    args.update(kw)
+    if kw.get("req") == "int64":
+        args["req"] = p.req.long()
+    if kw.get("pos") == "int64":
+        args["pos"] = p.pos.long()
+    with pytest.raises(ValueError, match=match):
+        kernels.plan_attention(args.pop("kind"), **args)
+
+
+def test_forced_implementation_is_read_when_a_forward_is_planned(monkeypatch):
+    p = make_problem(35, [300], [10])
+    monkeypatch.setenv(kernels.FORCE_ENV, "bogus")
+    with pytest.raises(ValueError, match=kernels.FORCE_ENV):
+        kernels.plan_attention("decode", p.block_table, p.req, p.pos, num_kv_heads=1)
+    monkeypatch.setenv(kernels.FORCE_ENV, "flydsl")
+    plan = kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1)
+    assert plan.implementation == "flydsl"
+    calls = []
+    plan._fallback = lambda *args: calls.append(args[2].shape[2])  # stands for Triton: record the width
+    plan.run(p.q, p.cache, random_block_ids(p, seed=0, width=20), 1.0, 1.0, 0.1)  # wider than FlyDSL's 16
+    assert calls == [20]
+    got = plan.run(p.q, p.cache, random_block_ids(p, seed=0), 1.0, 1.0, 0.1)  # FlyDSL (its CPU twin here)
+    assert calls == [20] and not got.isnan().any()

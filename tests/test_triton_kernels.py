@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from problems import make_problem, random_topk
+from problems import make_problem, random_block_ids
 from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
@@ -59,7 +59,7 @@ if INTERPRETED:
         check_e4m3_decode("cpu", code_dtype, out_dtype)
 
     # Three requests (one sharing a page with another), partial last pages, chunk starts not page
-    # aligned, tiles spanning requests; random_topk adds -1 slots, duplicates and later blocks.
+    # aligned, tiles spanning requests; random_block_ids adds -1 slots, duplicates and later blocks.
     PREFILL_CASES = [
         # heads, kv_heads, tokens per tile, q dtype
         (16, 1, 1, torch.bfloat16),
@@ -73,7 +73,7 @@ if INTERPRETED:
     def test_prefill_matches_reference(heads, kv_heads, tokens_per_tile, dtype):
         p = share_first_page(make_problem(40 + heads + tokens_per_tile, [700, 390, 129], [21, 14, 6], num_heads=heads,
                                           num_kv_heads=kv_heads, k_scale=0.5, v_scale=2.0, dtype=dtype))
-        block_ids = random_topk(p, seed=tokens_per_tile, dup_prob=0.3)
+        block_ids = random_block_ids(p, seed=tokens_per_tile, dup_prob=0.3)
         block_ids[:, 3] = -1  # a token that selected nothing
         want = sparse_prefill_reference(*args_of(p, block_ids))
         out = poisoned(p.q)
@@ -87,7 +87,7 @@ if INTERPRETED:
     def test_decode_matches_reference(heads, kv_heads, splits):
         p = share_first_page(make_problem(60 + splits, [900, 1300, 129, 257, 40], [1] * 5, num_heads=heads,
                                           num_kv_heads=kv_heads, k_scale=2.0, v_scale=0.25, dtype=torch.float32))
-        block_ids = random_topk(p, seed=splits, dup_prob=0.5)
+        block_ids = random_block_ids(p, seed=splits, dup_prob=0.5)
         block_ids[:, 4] = -1
         want = sparse_prefill_reference(*args_of(p, block_ids))
         out = poisoned(p.q)
@@ -99,7 +99,7 @@ if INTERPRETED:
     def test_dispatcher_serves_triton_with_tensor_scales_and_strided_q(forced_triton):
         p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,
                          dtype=torch.float16)
-        block_ids = random_topk(p, seed=7)
+        block_ids = random_block_ids(p, seed=7)
         want = sparse_prefill_reference(*args_of(p, block_ids))
         wide = torch.randn(p.q.shape[0], 16, 256, dtype=p.q.dtype)
         wide[..., :128] = p.q  # q as a strided view, as when sliced out of a fused qkv tensor
@@ -109,19 +109,19 @@ if INTERPRETED:
             out = poisoned(p.q)
             assert fn(q, p.cache, block_ids, p.block_table, p.req, p.pos, *scales, p.sm_scale, out=out) is out
             assert rel_err(out, want) < 1e-3
-        assert kernels.backend_name("cpu") == "triton"
+        assert kernels.resolve_implementation("cpu") == "triton"
 
     @pytest.mark.parametrize("width", [5, 20])
     def test_any_topk_width(forced_triton, width):
         p = make_problem(71, [1200], [10], num_heads=16, num_kv_heads=1, dtype=torch.float32)
-        block_ids = random_topk(p, seed=width, width=width)
+        block_ids = random_block_ids(p, seed=width, width=width)
         want = sparse_prefill_reference(*args_of(p, block_ids))
         assert rel_err(kernels.sparse_prefill(*args_of(p, block_ids)), want) < 2e-4
         assert rel_err(kernels.sparse_decode(*args_of(p, block_ids)), want) < 2e-4
 
     def test_keys_nobody_sees_may_hold_nan_codes(forced_triton):
         p = make_problem(72, [300, 200], [14, 7], num_heads=16, num_kv_heads=2, dtype=torch.float32)
-        block_ids = random_topk(p, seed=4)
+        block_ids = random_block_ids(p, seed=4)
         base = kernels.sparse_prefill(*args_of(p, block_ids))
         # NaN-coded scales and codes in the unwritten tail of each request's last page
         for r, n in enumerate(p.seq_lens):
@@ -199,16 +199,16 @@ else:
         with pytest.raises(ValueError, match=field):
             kernels.write_kv(cache, slots, k, v, 1.0, 1.0)
 
-    def test_backend_names(monkeypatch):
+    def test_implementation_resolution(monkeypatch):
         monkeypatch.delenv(kernels.FORCE_ENV, raising=False)
-        assert kernels.backend_name("cpu") == "reference"
+        assert kernels.resolve_implementation("cpu") == "reference"
         monkeypatch.setattr(torch.version, "hip", None)
-        assert kernels.backend_name("cuda:0") == "triton"
+        assert kernels.resolve_implementation("cuda:0") == "triton"
         monkeypatch.setenv(kernels.FORCE_ENV, "reference")
-        assert kernels.backend_name("cuda:0") == "reference"
+        assert kernels.resolve_implementation("cuda:0") == "reference"
         monkeypatch.setenv(kernels.FORCE_ENV, "cuda")
         with pytest.raises(ValueError, match=kernels.FORCE_ENV):
-            kernels.backend_name("cpu")
+            kernels.resolve_implementation("cpu")
 
     @pytest.mark.parametrize("arch, importable, available, want", [
         ("gfx950:sramecc+:xnack-", True, True, "flydsl"),
@@ -226,6 +226,6 @@ else:
         monkeypatch.delattr(kernels, "flydsl", raising=False)
         kernels._flydsl_serves.cache_clear()
         try:
-            assert kernels.backend_name("cuda:0") == want
+            assert kernels.resolve_implementation("cuda:0") == want
         finally:
             kernels._flydsl_serves.cache_clear()
