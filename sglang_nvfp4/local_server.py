@@ -1,8 +1,11 @@
 """Start and stop a real ``sglang.launch_server`` on 127.0.0.1 (CPU or GPU) and talk to it.
 
-Used by the CPU server tests, the soak test and the README's main job. On a CPU-only machine it
-runs SGLang's CPU engine (``--device cpu``, ``SGLANG_USE_CPU_ENGINE=1``) and, when ``sgl_kernel`` is
-not installed, puts the pure-torch stand-in of :mod:`sglang_nvfp4.cpu_compat` on the server's path.
+Used by the CPU server tests, the soak test, the README's main job and the bench scripts, which
+also start SGLang's offline benchmarks with this module's environment and process-group handling
+(:func:`sglang_process`, :func:`start_process_group`, :func:`stop_process_group`). On a CPU-only
+machine it runs SGLang's CPU engine (``--device cpu``, ``SGLANG_USE_CPU_ENGINE=1``) and, when
+``sgl_kernel`` is not installed, puts the pure-torch stand-in of :mod:`sglang_nvfp4.cpu_compat` on the
+server's path.
 """
 
 from __future__ import annotations
@@ -52,28 +55,71 @@ def cpu_tp_env(tp: int, env: dict) -> dict:
             "SGLANG_NCCL_SO_PATH": env.get("SGLANG_NCCL_SO_PATH", "/nonexistent/libnccl-disabled-for-cpu-tp.so")}
 
 
+def sglang_process(args, env: dict | None = None) -> tuple[list, dict]:
+    """Command line and environment for a process that runs SGLang on this host: a server, or one of
+    SGLang's offline benchmarks. Without CUDA that is SGLang's CPU engine (``--device cpu``,
+    ``SGLANG_USE_CPU_ENGINE=1``, the :mod:`~sglang_nvfp4.cpu_compat` stand-in on ``PYTHONPATH`` when
+    ``sgl_kernel`` is missing, :func:`cpu_tp_env` at ``--tp-size`` > 1); with CUDA both pass unchanged.
+    ``env`` defaults to this process's environment; neither argument is modified."""
+    args, env = list(args), dict(os.environ if env is None else env)
+    if cuda_available():
+        return args, env
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if cpu_compat.needs_stand_in():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_compat.stand_in_path(), env.get("PYTHONPATH")]))
+    flag = next((f for f in ("--tp-size", "--tensor-parallel-size") if f in args), None)  # both SGLang spellings
+    tp = int(args[args.index(flag) + 1]) if flag else 1
+    if tp > 1:
+        env.update(cpu_tp_env(tp, env))
+    return [*args, "--device", "cpu"], env
+
+
+def start_process_group(args: list, env: dict, log_file, pgid_file: str | None = None) -> subprocess.Popen:
+    """Start ``args`` with stdout and stderr in the open binary ``log_file``, in a session of its own: its
+    process group then holds SGLang's scheduler and detokenizer processes too, and
+    :func:`stop_process_group` ends them all. The group id is appended to ``pgid_file`` (one a line) if
+    given, so that a supervisor can end the group should this process be killed outright."""
+    process = subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    if pgid_file is not None:
+        with open(pgid_file, "a") as f:
+            f.write(f"{process.pid}\n")
+    return process
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 60.0) -> int:
+    """SIGTERM the process group that ``process`` leads, wait up to ``timeout`` s, SIGKILL it if the leader
+    lingers; then SIGKILL whatever of the group outlived its leader (SGLang's scheduler or detokenizer
+    processes holding memory). Returns the leader's exit code; calling it again is harmless."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        except ProcessLookupError:
+            process.wait()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return process.returncode
+
+
 class LocalServer:
     """``with LocalServer(model, "nvfp4_sparse") as srv: srv.generate("hi")``."""
 
     def __init__(self, model_path: str, attention_backend: str, *, extra_args=(), log_path: str | None = None,
-                 startup_timeout: float = 600.0, env: dict | None = None):
+                 startup_timeout: float = 600.0, env: dict | None = None, pgid_file: str | None = None):
+        """``pgid_file``: append the server's process group id to this file when it starts (see
+        :func:`start_process_group`)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or os.path.join(model_path, f"server-{attention_backend}-{self.port}.log")
-        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
-                "--port", str(self.port), "--attention-backend", attention_backend, *extra_args]
-        child_env = dict(os.environ if env is None else env)
-        if not cuda_available():
-            args += ["--device", "cpu"]
-            child_env["SGLANG_USE_CPU_ENGINE"] = "1"
-            if cpu_compat.needs_stand_in():
-                child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_compat.stand_in_path(), child_env.get("PYTHONPATH")]))
-            extra = list(extra_args)
-            flag = next((f for f in ("--tp-size", "--tensor-parallel-size") if f in extra), None)  # both SGLang spellings
-            tp = int(extra[extra.index(flag) + 1]) if flag else 1
-            if tp > 1:
-                child_env.update(cpu_tp_env(tp, child_env))
-        self.args, self.env, self.startup_timeout = args, child_env, startup_timeout
+        self.args, self.env = sglang_process(
+            [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
+             "--port", str(self.port), "--attention-backend", attention_backend, *extra_args], env)
+        self.startup_timeout, self.pgid_file = startup_timeout, pgid_file
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "LocalServer":
@@ -84,9 +130,8 @@ class LocalServer:
         self.stop()
 
     def start(self) -> None:
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.args, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        with open(self.log_path, "wb") as log_file:
+            self.process = start_process_group(self.args, self.env, log_file, self.pgid_file)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -100,18 +145,10 @@ class LocalServer:
         raise TimeoutError(f"server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 60.0) -> int | None:
-        """SIGTERM the server's process group, wait, SIGKILL if it lingers; returns the exit code."""
+        """Stop the server's process group (:func:`stop_process_group`); returns the exit code."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._log.close()
-        return self.process.returncode
+        return stop_process_group(self.process, timeout)
 
     def log_tail(self, chars: int = 4000) -> str:
         with open(self.log_path, "rb") as f:

@@ -1,0 +1,84 @@
+"""``server`` step of bench_e2e: a real SGLang server per backend on a tiny random-weight model (16 query /
+1 KV head, head_dim 128; decode CUDA graphs on): 8 short prompts (<= 16 blocks, dense-equivalent: first
+greedy token and logprob agreement), one long prompt (more blocks than TOPK), two prompts sharing a prefix
+(radix hit), per-request latency. Results go to ``e2e.json`` under ``server``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from harness import COMMON_SERVER_ARGS, BenchRun, log
+
+from sglang_nvfp4.tiny_model import make_tiny_model, random_text
+
+MIN_SECONDS_LEFT = 150  # a backend's server is started only with this much of the budget left
+
+
+def _prompts() -> list[tuple[str, str]]:
+    """(name, text) of every request, the same for every backend."""
+    rng = random.Random(0)
+    short = [random_text(rng, rng.randint(50, 1800)) for _ in range(8)]
+    long_text = random_text(rng, 6000)
+    prefix = random_text(rng, 2500)
+    return [*(("short", s) for s in short), ("long", long_text),
+            ("prefix_a", prefix + " key value"), ("prefix_b", prefix + " page block")]
+
+
+def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict) -> None:
+    """One server of ``backend``: every prompt alone, greedy, 16 tokens with logprobs; fills ``entry``.
+    A failure is recorded in ``entry`` with the requests answered before it."""
+    log(f"server {backend}: starting")
+    t0 = time.perf_counter()
+    rows = []
+    try:
+        with bench.server(model, backend, extra_args=COMMON_SERVER_ARGS, startup_timeout=bench.capped(240, reserve=60),
+                          log_path=bench.path(f"server_{backend}.log")) as srv:
+            entry.update(startup_s=time.perf_counter() - t0, requests=rows)
+            for name, text in prompts:
+                t1 = time.perf_counter()
+                r = srv.post("/generate", {"text": text, "return_logprob": True,
+                                           "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}},
+                             timeout=bench.capped(120.0, floor=10.0))
+                meta = r["meta_info"]
+                rows.append({"name": name, "latency_s": time.perf_counter() - t1,
+                             "prompt_tokens": meta["prompt_tokens"], "cached_tokens": meta["cached_tokens"],
+                             "tokens": [t[1] for t in meta["output_token_logprobs"]],
+                             "logprobs": [t[0] for t in meta["output_token_logprobs"]]})
+                log(f"  {backend} {name}: {meta['prompt_tokens']} tokens, cached {meta['cached_tokens']}, "
+                    f"{rows[-1]['latency_s']:.3f} s")
+            server_log = srv.log_tail(10_000_000)
+        entry["decode_cuda_graph"] = "Capture cuda graph" in server_log or "capture" in server_log.lower()
+    except Exception as e:  # keep what this backend answered; the failure is recorded
+        entry.update(error=repr(e)[:3000], requests=rows)
+        log(f"server {backend} failed: {e!r}"[:500])
+
+
+def _short_prompt_agreement(ours: list, dense: list) -> dict:
+    """nvfp4_sparse against triton on the short prompts: first token, its logprob, all tokens."""
+    pairs = [(o, d) for o, d in zip(ours, dense) if o["name"] == "short" and d["name"] == "short"]
+    return {
+        "short_first_token_equal": sum(o["tokens"][0] == d["tokens"][0] for o, d in pairs),
+        "short_prompts": len(pairs),
+        "short_first_logprob_abs_delta": [abs(o["logprobs"][0] - d["logprobs"][0]) for o, d in pairs],
+        "short_all_tokens_equal": sum(o["tokens"] == d["tokens"] for o, d in pairs),
+    }
+
+
+def run_step(bench: BenchRun, backends: list) -> None:
+    """Serve every backend of ``backends`` in turn (while the budget allows), saving after each."""
+    results = bench.results.setdefault("server", {})
+    model = make_tiny_model(bench.path("tiny"), kv_heads=1, layers=2)
+    prompts = _prompts()
+    for backend in backends:
+        reason = bench.skip_reason(f"server {backend}", MIN_SECONDS_LEFT)
+        if reason:
+            results[backend] = {"skipped": reason}
+            continue
+        results[backend] = entry = {}
+        _serve(bench, model, backend, prompts, entry)
+        bench.save()
+    ours, dense = results.get("nvfp4_sparse", {}).get("requests"), results.get("triton", {}).get("requests")
+    if ours and dense:
+        results["agreement"] = _short_prompt_agreement(ours, dense)
