@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from harness import log
+
 HEAD_DIM = 128
 PAGE = 128
 
@@ -169,7 +171,7 @@ def run_tree(tree: str, args, path: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(tree), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", path, "--prefill-t", str(args.prefill_t),
            "--decode-ctx", str(args.decode_ctx), "--device", args.device]
-    print(f"[{datetime.datetime.now():%H:%M:%S}] {tree}", flush=True)
+    log(f"measuring {tree}")
     subprocess.run(cmd, env=env, check=True)
     with open(path) as f:
         return json.load(f)

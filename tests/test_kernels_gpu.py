@@ -144,3 +144,29 @@ def test_kernels_replay_in_a_cuda_graph():
     torch.cuda.synchronize()
     assert torch.equal(outs, eager)
     assert rel_err(outs[0], outs[1]) < 1e-3  # decode and prefill kernels agree
+
+
+def test_a_plan_made_outside_a_cuda_graph_serves_its_replays():
+    """As the SGLang backend decodes: the plan is made before capture over static metadata buffers, the
+    graph holds ``plan.run`` of one layer, and later batches rewrite the buffers in place and replay."""
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    cache, block_table = filled_cache([5000, 3000], 4, gen)
+    req = torch.tensor([0, 1], device=DEV).int()
+    pos = torch.tensor([4999, 2999], device=DEV).int()
+    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
+    q = (torch.randn(2, 64, 128, device=DEV, generator=gen) * 0.3).bfloat16()
+    out = torch.empty_like(q)
+    plan = kernels.plan_attention("decode", block_table, req, pos, num_kv_heads=4)
+    plan.run(q, cache, block_ids, 0.5, 2.0, 0.1, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, cache, block_ids, 0.5, 2.0, 0.1, out=out)
+    for step in range(2):  # the next batches: other positions, selections and queries, same buffers
+        pos.copy_(torch.tensor([3000 + 700 * step, 1500 + 300 * step], device=DEV))
+        block_ids.copy_(random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen))
+        q.copy_(torch.randn(q.shape, device=DEV, generator=gen) * 0.3)
+        out.fill_(float("nan"))
+        graph.replay()
+        want = sparse_prefill_reference(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, 0.1)
+        assert rel_err(out, want) < 6e-3  # bf16 output rounding dominates
