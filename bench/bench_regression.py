@@ -30,8 +30,6 @@ import subprocess
 import sys
 import time
 
-from harness import log
-
 HEAD_DIM = 128
 PAGE = 128
 
@@ -171,6 +169,8 @@ def run_tree(tree: str, args, path: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(tree), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", path, "--prefill-t", str(args.prefill_t),
            "--decode-ctx", str(args.decode_ctx), "--device", args.device]
+    from harness import log  # not at the top: the child imports only the measured tree's package
+
     log(f"measuring {tree}")
     subprocess.run(cmd, env=env, check=True)
     with open(path) as f:
