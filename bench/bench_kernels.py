@@ -143,9 +143,9 @@ def selection(pattern: str, q, cache, block_table, slots, pos, gen) -> torch.Ten
     return select_blocks(q, summaries, block_table, req, pos)
 
 
-def visible_keys(topk: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def visible_keys(block_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Distinct selected keys at or before each token's position, summed over KV heads and tokens."""
-    ids = torch.sort(topk.long(), dim=-1).values
+    ids = torch.sort(block_ids.long(), dim=-1).values
     repeat = torch.zeros_like(ids, dtype=torch.bool)
     repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
     keys = (pos.long()[None, :, None] - fmt.PAGE_SIZE * ids + 1).clamp(0, fmt.PAGE_SIZE)
@@ -180,14 +180,14 @@ def _pages_to_bf16_kernel(cache_ptr, pages_ptr, blocks_ptr, k_out_ptr, v_out_ptr
 class InTreeSparse:
     """SGLang's ``flash_prefill_with_gqa_share_sparse`` over bf16 K/V of one request."""
 
-    def __init__(self, cache, block_table, topk, t):
+    def __init__(self, cache, block_table, block_ids, t):
         from sglang.kernels.ops.attention.minimax_sparse.prefill.topk_sparse import (
             flash_prefill_with_gqa_share_sparse,
         )
 
         self.fn = flash_prefill_with_gqa_share_sparse
         hkv = cache.shape[1] // 2
-        used = torch.unique(block_table[0].long()[torch.unique(topk[topk >= 0]).long()])
+        used = torch.unique(block_table[0].long()[torch.unique(block_ids[block_ids >= 0]).long()])
         block_of_page = torch.empty(cache.shape[0], dtype=torch.int32, device=DEV)
         block_of_page[block_table[0].long()] = torch.arange(block_table.shape[1], device=DEV, dtype=torch.int32)
         self.pages, self.blocks = used.int(), block_of_page[used]
@@ -206,8 +206,8 @@ class InTreeSparse:
         _pages_to_bf16_kernel[(self.pages.shape[0], self.hkv)](
             self.cache, self.pages, self.blocks, self.k, self.v, 1.0, 1.0, HKV=self.hkv, USE_PTX=True, num_warps=4)
 
-    def attend(self, q, topk_per_qblock, block_size_q):
-        return self.fn(q=q, k_cache=self.k, v_cache=self.v, topk_idx=topk_per_qblock, block_size_q=block_size_q,
+    def attend(self, q, block_ids_per_qblock, block_size_q):
+        return self.fn(q=q, k_cache=self.k, v_cache=self.v, topk_idx=block_ids_per_qblock, block_size_q=block_size_q,
                        **self.common)
 
 
@@ -231,26 +231,26 @@ def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep):
     pos = torch.arange(t, device=DEV, dtype=torch.int32)
     req = torch.zeros_like(pos)
     q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
-    topk = selection(pattern, q, cache, block_table, slots, pos, gen)
-    flop = FLOP_PER_KEY * (heads // hkv) * int(visible_keys(topk, pos))
-    args = (q, cache, topk, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+    block_ids = selection(pattern, q, cache, block_table, slots, pos, gen)
+    flop = FLOP_PER_KEY * (heads // hkv) * int(visible_keys(block_ids, pos))
+    args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
     out = torch.empty_like(q)
     row = {"T": t, "H": heads, "Hkv": hkv, "pattern": pattern, "selected_flop": flop}
     cfg = triton_prefill.default_prefill_config(heads // hkv)
-    union_len, _ = triton_prefill.plan_tiles(topk, block_table, req, pos, cfg.tokens_per_tile)
+    union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, cfg.tokens_per_tile)
     row.update(config=list(cfg), union_mean=union_len.float().mean().item(), union_max=int(union_len.max()))
     row["ours_ms"] = bench_ms(lambda: kernels.sparse_prefill(*args, out=out))
     row["ours_TFps"] = flop / row["ours_ms"] / 1e9
     if sweep:
         row["sweep"] = []
         for c in triton_prefill.PREFILL_CONFIGS:
-            u, _ = triton_prefill.plan_tiles(topk, block_table, req, pos, c.tokens_per_tile)
+            u, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, c.tokens_per_tile)
             ms = bench_ms(lambda: triton_prefill.launch(*args, out, config=c))
             row["sweep"].append({"config": list(c), "ms": ms, "union_mean": u.float().mean().item()})
     if in_tree_ok:
-        peer = InTreeSparse(cache, block_table, topk, t)
+        peer = InTreeSparse(cache, block_table, block_ids, t)
         block_size_q = SHARED_RUN if pattern == "shared8" else 1
-        per_qblock = topk[:, block_size_q - 1 :: block_size_q]
+        per_qblock = block_ids[:, block_size_q - 1 :: block_size_q]
         # right-pad each row's ids with -1, as the in-tree kernel reads the first (#ids >= 0) entries
         per_qblock = torch.sort(per_qblock, dim=-1, descending=True).values.contiguous()
         theirs = peer.attend(q, per_qblock, block_size_q)
@@ -317,19 +317,19 @@ def decode_problem(batch, ctx, gen):
     block_table = torch.randperm(batch * blocks, device=DEV, generator=gen).int().view(batch, blocks)
     pos = torch.full((batch,), ctx - 1, dtype=torch.int32, device=DEV)
     req = torch.arange(batch, dtype=torch.int32, device=DEV)
-    topk = random_blocks(pos, hkv, gen, blocks)
+    block_ids = random_blocks(pos, hkv, gen, blocks)
     q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     scales = torch.tensor([1.0], device=DEV), torch.tensor([1.0], device=DEV)
-    return q, cache, topk, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5
+    return q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5
 
 
 def decode_case(batch, ctx, gen, copy_gbps, sweep):
     args = decode_problem(batch, ctx, gen)
-    q, topk = args[0], args[2]
+    q, block_ids = args[0], args[2]
     heads, hkv = DECODE_HEADS
     out = torch.empty_like(q)
-    pages = int((topk >= 0).sum())  # distinct by construction
-    moved = pages * PAGE_BYTES_READ + 2 * q.numel() * q.element_size() + topk.numel() * 4
+    pages = int((block_ids >= 0).sum())  # distinct by construction
+    moved = pages * PAGE_BYTES_READ + 2 * q.numel() * q.element_size() + block_ids.numel() * 4
     row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "bytes": moved,
            "splits": triton_decode.default_splits(batch, hkv, fmt.TOPK, q.device)}
     row["ms"] = graph_ms(lambda: kernels.sparse_decode(*args, out=out))
@@ -418,10 +418,10 @@ def profile():
     cache, block_table, slots = one_request(SWEEP_T, 4, gen)
     pos = torch.arange(SWEEP_T, device=DEV, dtype=torch.int32)
     q = (torch.randn(SWEEP_T, 64, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
-    topk = random_blocks(pos, 4, gen, block_table.shape[1])
+    block_ids = random_blocks(pos, 4, gen, block_table.shape[1])
     decode_args = decode_problem(256, SWEEP_T, gen)
     for _ in range(2):
-        kernels.sparse_prefill(q, cache, topk, block_table, torch.zeros_like(pos), pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+        kernels.sparse_prefill(q, cache, block_ids, block_table, torch.zeros_like(pos), pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
         kernels.sparse_decode(*decode_args)
     torch.cuda.synchronize()
 

@@ -372,11 +372,11 @@ def gpu_section(args):
         for tokens in (16, 32, 64):
             run[f"select_quest_tile{tokens}_ms"] = bench_ms(
                 lambda: select_top_blocks(qa, keys, table, req, pos, TOPK, SINK, LOCAL, tokens_per_tile=tokens))
-        topk = select_blocks(q, summaries, table, req, pos)
+        block_ids = select_blocks(q, summaries, table, req, pos)
         if attention_impl is not None:
             try:
                 o = torch.empty_like(q)
-                run["attention_prefill_ms"] = bench_ms(lambda: kernels.sparse_prefill(q, cache, topk, table, req, pos,
+                run["attention_prefill_ms"] = bench_ms(lambda: kernels.sparse_prefill(q, cache, block_ids, table, req, pos,
                                                                                        1.0, 1.0, D**-0.5, out=o))
             except Exception as e:  # the attention kernels are developed concurrently
                 run["attention_error"] = f"{type(e).__name__}: {e}"
@@ -396,9 +396,9 @@ def gpu_section(args):
         run["select_decode_mean_ms"] = bench_ms(lambda: select_blocks(dq, dsum, dtable, dreq, dpos, method="mean"))
         if attention_impl is not None:
             try:
-                dtopk = select_blocks(dq, dsum, dtable, dreq, dpos)
+                decode_block_ids = select_blocks(dq, dsum, dtable, dreq, dpos)
                 do = torch.empty_like(dq)
-                run["attention_decode_ms"] = bench_ms(lambda: kernels.sparse_decode(dq, dcache, dtopk, dtable, dreq, dpos,
+                run["attention_decode_ms"] = bench_ms(lambda: kernels.sparse_decode(dq, dcache, decode_block_ids, dtable, dreq, dpos,
                                                                                      1.0, 1.0, D**-0.5, out=do))
             except Exception as e:
                 run["attention_decode_error"] = f"{type(e).__name__}: {e}"
