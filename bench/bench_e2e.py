@@ -94,16 +94,16 @@ def gpu_description() -> str | None:
 def run_steps(bench: BenchRun, args) -> None:
     """The steps of ``--steps`` in their fixed order, saving after each; a failing server step is recorded
     (``server_error``) and the other steps' numbers are kept."""
-    dense_backends = [b for b in args.backends if b != "torch_native"]
+    served_backends = [b for b in args.backends if b != "torch_native"]
     if "one_batch" in args.steps:
         e2e_one_batch.run_step(bench, args)
         bench.save()
     if "offline" in args.steps:
-        e2e_offline.run_step(bench, args, dense_backends)
+        e2e_offline.run_step(bench, args, served_backends)
         bench.save()
     if "server" in args.steps:
         try:
-            e2e_server.run_step(bench, dense_backends)
+            e2e_server.run_step(bench, served_backends)
         except Exception as e:  # keep the other steps' numbers; the failure is recorded
             bench.results["server_error"] = repr(e)
             log(f"server step failed: {e!r}")

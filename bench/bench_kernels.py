@@ -27,11 +27,13 @@ import datetime
 import json
 import os
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
+
+from harness import log
+from timing import bench_ms, graph_ms
 
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
@@ -59,25 +61,6 @@ DECODE_SWEEP = (None, triton_decode.DECODE_MAX_REGISTERS)  # register cap off / 
 FLOP_PER_KEY = 4 * fmt.HEAD_DIM  # QK and PV multiply-adds per query head and key
 PAGE_BYTES_READ = 2 * fmt.PAGE_SIZE * fmt.ROW_BYTES  # one head's K and V^T blocks of a page
 DEV = "cuda"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def bench_ms(fn) -> float:
-    """Median milliseconds of ``fn`` (L2 flushed between runs)."""
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def graph_ms(fn) -> float:
-    """Median milliseconds of ``fn`` replayed from a CUDA graph (no launch gaps)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return bench_ms(graph.replay)
 
 
 def ceilings() -> dict:

@@ -56,7 +56,7 @@ def parse_args(argv=None):
 def measure(args) -> dict:
     """Time every case with the ``sglang_nvfp4`` on ``sys.path``; returns ``{case: {ms, hash}}``."""
     import torch
-    import triton
+    from timing import graph_ms
 
     from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
@@ -66,17 +66,13 @@ def measure(args) -> dict:
     results = {}
 
     def timed(name, fn, output):
-        fn()  # compile and warm, untimed
         if dev == "cpu":  # rehearsal: no graphs, no timing worth the name
+            fn()
             start = time.perf_counter()
             fn()
             ms = (time.perf_counter() - start) * 1e3
         else:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+            ms = graph_ms(fn)  # an untimed compile-and-warm run first
         digest = hashlib.sha256(output().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
         results[name] = {"ms": ms, "hash": digest}
         print(f"  {name}: {ms:.4f} ms  {digest}", flush=True)

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import bench_ms
 
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
@@ -322,12 +323,6 @@ def gpu_check(device):
     result["decode_rows_identical"] = float((select_blocks(qd, a, table, rd, last, impl="torch")
                                              == select_blocks(qd, a, table, rd, last, impl="triton")).all(-1).double().mean())
     return result
-
-
-def bench_ms(fn):
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
 def gpu_section(args):

@@ -55,6 +55,9 @@ A workgroup has 4 waves; wave ``w`` owns keys ``[32w, 32w+32)`` of a page. In
 
 from __future__ import annotations
 
+import numbers
+import struct
+
 import torch
 
 PAGE_SIZE = 128  # tokens per page (= one logical block of the sparse selection)
@@ -127,16 +130,17 @@ def e4m3_decode(u8: torch.Tensor) -> torch.Tensor:
 def global_scale(scale, device=None, *, name: str = "global scale", as_tensor: bool = False) -> float | torch.Tensor:
     """The one normaliser of a layer's fp32 global K/V scale, for the reference, the kernels and the pools.
 
-    A Python number stays a ``float``. A one-element floating tensor becomes fp32 of shape ``[1]`` on
-    ``device`` (its own device when ``None``): kernels read such a scale through a pointer, which keeps
-    CUDA graphs free of host syncs; ``as_tensor`` makes a number such a tensor too. Anything else raises
-    ``ValueError`` naming ``name``."""
+    A real number becomes a ``float`` holding its fp32 rounding (the value the kernels compute with). A
+    one-element floating tensor becomes fp32 of shape ``[1]`` on ``device`` (its own device when
+    ``None``): kernels read such a scale through a pointer, which keeps CUDA graphs free of host syncs;
+    ``as_tensor`` makes a number such a tensor too. Anything else raises ``ValueError`` naming ``name``."""
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.dtype.is_floating_point:
             raise ValueError(f"{name}: expected a float or a one-element float tensor, got {scale.dtype} {tuple(scale.shape)}")
         return scale.detach().reshape(1).to(device=scale.device if device is None else device, dtype=torch.float32)
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        return torch.full((1,), float(scale), dtype=torch.float32, device=device) if as_tensor else float(scale)
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        value = struct.unpack("f", struct.pack("f", float(scale)))[0]  # fp32 rounding
+        return torch.full((1,), value, dtype=torch.float32, device=device) if as_tensor else value
     raise ValueError(f"{name}: expected a float or a one-element float tensor, got {type(scale).__name__}")
 
 
@@ -144,7 +148,7 @@ def quantize_nvfp4(x: torch.Tensor, scale) -> tuple[torch.Tensor, torch.Tensor]:
     """``x[..., 128]`` -> ``(packed[..., 64] uint8, scales[..., 8] uint8)``; see the module docstring."""
     if x.shape[-1] != HEAD_DIM:
         raise ValueError(f"x: last dim must be {HEAD_DIM}, got shape {tuple(x.shape)}")
-    gs = global_scale(scale, x.device)
+    gs = global_scale(scale, x.device, as_tensor=True)  # a tensor: CUDA divides by host scalars via reciprocals
     groups = x.float().reshape(*x.shape[:-1], NUM_GROUPS, SCALE_GROUP)
     amax = groups.abs().amax(dim=-1)
     scales = e4m3_encode(amax / 6.0 / gs)
@@ -156,7 +160,7 @@ def quantize_nvfp4(x: torch.Tensor, scale) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, scale) -> torch.Tensor:
     """``(packed[..., 64], scales[..., 8])`` uint8 -> float32 ``[..., 128]``."""
-    gs = global_scale(scale, packed.device)
+    gs = global_scale(scale, packed.device, as_tensor=True)
     vals = e2m1_decode(unpack_nibbles(packed)).reshape(*packed.shape[:-1], NUM_GROUPS, SCALE_GROUP)
     return (vals * e4m3_decode(scales).unsqueeze(-1) * gs).reshape(*packed.shape[:-1], HEAD_DIM)
 
@@ -284,5 +288,5 @@ def read_kv(cache: torch.Tensor, pages: torch.Tensor, k_scale, v_scale) -> tuple
     # Row 16*g + j, byte 64 + i holds the scale of token 8*j + i for group g.
     sc = v_rows[..., SCALE_OFFSET:].reshape(*v_rows.shape[:2], NUM_GROUPS, PAGE_SIZE)  # [P, Hkv, g, t]
     sc = e4m3_decode(sc).transpose(-1, -2).repeat_interleave(SCALE_GROUP, dim=-1)  # [P, Hkv, t, dims]
-    v = e2m1_decode(codes) * sc * global_scale(v_scale, cache.device)
+    v = e2m1_decode(codes) * sc * global_scale(v_scale, cache.device, as_tensor=True)
     return k, v

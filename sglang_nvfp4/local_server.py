@@ -89,21 +89,27 @@ def start_process_group(args: list, env: dict, log_file, pgid_file: str | None =
 def stop_process_group(process: subprocess.Popen, timeout: float = 60.0) -> int:
     """SIGTERM the process group that ``process`` leads, wait up to ``timeout`` s, SIGKILL it if the leader
     lingers; then SIGKILL whatever of the group outlived its leader (SGLang's scheduler or detokenizer
-    processes holding memory). Returns the leader's exit code; calling it again is harmless."""
+    processes holding memory). Returns the leader's exit code. A second call only returns it: by then the
+    group id may belong to someone else."""
+    if getattr(process, "group_stopped", False):
+        return process.returncode
     if process.poll() is None:
+        _signal_group(process.pid, signal.SIGTERM)
         try:
-            os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            _signal_group(process.pid, signal.SIGKILL)
             process.wait()
-        except ProcessLookupError:
-            process.wait()
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _signal_group(process.pid, signal.SIGKILL)
+    process.group_stopped = True
     return process.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
 
 
 class LocalServer:

@@ -86,6 +86,12 @@ def test_forced_implementation_is_read_when_a_forward_is_planned(monkeypatch):
     monkeypatch.setenv(kernels.FORCE_ENV, "bogus")
     with pytest.raises(ValueError, match=kernels.FORCE_ENV):
         kernels.plan_attention("decode", p.block_table, p.req, p.pos, num_kv_heads=1)
+    monkeypatch.setenv(kernels.FORCE_ENV, "reference")
+    plan = kernels.plan_attention("decode", p.block_table, p.req, p.pos, num_kv_heads=1)
+    monkeypatch.setenv(kernels.FORCE_ENV, "bogus")  # read when planned, not by run()
+    block_ids = random_block_ids(p, seed=0)
+    assert torch.equal(plan.run(p.q, p.cache, block_ids, 1.0, 1.0, 0.1),
+                       sparse_prefill_reference(p.q, p.cache, block_ids, p.block_table, p.req, p.pos, 1.0, 1.0, 0.1))
     monkeypatch.setenv(kernels.FORCE_ENV, "flydsl")
     plan = kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1)
     assert plan.implementation == "flydsl"
@@ -95,3 +101,21 @@ def test_forced_implementation_is_read_when_a_forward_is_planned(monkeypatch):
     assert calls == [20]
     got = plan.run(p.q, p.cache, random_block_ids(p, seed=0), 1.0, 1.0, 0.1)  # FlyDSL (its CPU twin here)
     assert calls == [20] and not got.isnan().any()
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda b: b.long(), "block_ids"),
+    (lambda b: b[:, :, :0], "block_ids"),
+    (lambda b: b[:1], "block_ids"),
+])
+def test_run_checks_each_layers_selection(bad, match):
+    """A selection comes from any indexer, per layer: run() refuses one the kernels would misread."""
+    p = make_problem(36, [300], [10], num_kv_heads=2)
+    plan = kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=2)
+    with pytest.raises(ValueError, match=match):
+        plan.run(p.q, p.cache, bad(random_block_ids(p, seed=0)), 1.0, 1.0, 0.1)
+    with pytest.raises(ValueError, match="q"):
+        plan.run(p.q.int(), p.cache, random_block_ids(p, seed=0), 1.0, 1.0, 0.1)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.plan_attention("prefill", p.block_table, p.req, torch.stack([p.pos, p.pos], 1)[:, 0],
+                               num_kv_heads=2)

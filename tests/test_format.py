@@ -238,3 +238,16 @@ def test_token_records_roundtrip_and_move_exactly():
     assert torch.equal(fmt.read_token_records(cache, others), fmt.read_token_records(before, others))
     with pytest.raises(ValueError, match="records"):
         fmt.write_token_records(cache, dst, records[:, :, :100])
+
+
+def test_global_scale_is_the_fp32_value_the_kernels_use():
+    import numpy as np
+
+    assert fmt.global_scale(0.1) == float(np.float32(0.1)) != 0.1
+    assert fmt.global_scale(np.float32(0.5)) == 0.5 and fmt.global_scale(2) == 2.0
+    t = fmt.global_scale(torch.tensor(0.1, dtype=torch.float64), "cpu")
+    assert t.dtype == torch.float32 and t.shape == (1,) and float(t) == fmt.global_scale(0.1)
+    assert torch.equal(fmt.global_scale(0.1, as_tensor=True), t)
+    for bad in (True, "0.1", torch.ones(2), torch.ones(1, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="k_scale"):
+            fmt.global_scale(bad, name="k_scale")

@@ -116,13 +116,20 @@ def test_e4m3_decode_is_exact_for_all_codes(code_dtype, out_dtype):
     check_e4m3_decode(DEV, code_dtype, out_dtype)
 
 
-def test_kernels_replay_in_a_cuda_graph():
-    gen = torch.Generator(device=DEV).manual_seed(4)
+def two_decode_requests(seed, dtype):
+    """Two requests (5000 and 3000 tokens, 4 KV heads) decoding their last token with 64 query heads:
+    ``(gen, cache, block_table, req, pos, block_ids, q)``."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
     cache, block_table = filled_cache([5000, 3000], 4, gen)
-    pos = torch.tensor([4999, 2999], device=DEV).int()
     req = torch.tensor([0, 1], device=DEV).int()
+    pos = torch.tensor([4999, 2999], device=DEV).int()
     block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
-    q = (torch.randn(2, 64, 128, device=DEV, generator=gen) * 0.3).half()
+    q = (torch.randn(2, 64, 128, device=DEV, generator=gen) * 0.3).to(dtype)
+    return gen, cache, block_table, req, pos, block_ids, q
+
+
+def test_kernels_replay_in_a_cuda_graph():
+    gen, cache, block_table, req, pos, block_ids, q = two_decode_requests(4, torch.float16)
     k_new, v_new = torch.randn(2, 2, 4, 128, device=DEV, generator=gen)
     slots = torch.tensor([block_table[0, 39] * 128 + 8, block_table[1, 23] * 128 + 56], device=DEV)
     scales = torch.tensor([0.5], device=DEV), torch.tensor([2.0], device=DEV)
@@ -149,12 +156,7 @@ def test_kernels_replay_in_a_cuda_graph():
 def test_a_plan_made_outside_a_cuda_graph_serves_its_replays():
     """As the SGLang backend decodes: the plan is made before capture over static metadata buffers, the
     graph holds ``plan.run`` of one layer, and later batches rewrite the buffers in place and replay."""
-    gen = torch.Generator(device=DEV).manual_seed(5)
-    cache, block_table = filled_cache([5000, 3000], 4, gen)
-    req = torch.tensor([0, 1], device=DEV).int()
-    pos = torch.tensor([4999, 2999], device=DEV).int()
-    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
-    q = (torch.randn(2, 64, 128, device=DEV, generator=gen) * 0.3).bfloat16()
+    gen, cache, block_table, req, pos, block_ids, q = two_decode_requests(5, torch.bfloat16)
     out = torch.empty_like(q)
     plan = kernels.plan_attention("decode", block_table, req, pos, num_kv_heads=4)
     plan.run(q, cache, block_ids, 0.5, 2.0, 0.1, out=out)  # compile outside the capture

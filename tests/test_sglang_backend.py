@@ -24,7 +24,8 @@ from sglang_nvfp4 import format as fmt  # noqa: E402
 from sglang_nvfp4.reference import sparse_prefill_reference  # noqa: E402
 from sglang_nvfp4.sglang import plugin  # noqa: E402
 from sglang_nvfp4.sglang.backend import NVFP4SparseAttnBackend, check_layer_supported  # noqa: E402
-from sglang_nvfp4.sglang.config import load_config, startup_config  # noqa: E402
+from sglang_nvfp4.indexer import StateBytes, all_visible_blocks  # noqa: E402
+from sglang_nvfp4.sglang.config import SparseConfig, load_config, startup_config  # noqa: E402
 from sglang_nvfp4.sglang.kv_pool import NVFP4TokenToKVPool, bytes_per_token  # noqa: E402
 
 plugin.register()
@@ -46,8 +47,7 @@ def rel_err(a, b) -> float:
 # A minimal runner: the pools and model facts the backend reads, nothing else.
 # ---------------------------------------------------------------------------------------------
 class Harness:
-    def __init__(self, num_heads=16, num_kv_heads=1, max_context_len=4096, num_reqs=4, num_pages=None, seed=0,
-                 indexer=None):
+    def __init__(self, num_heads=16, num_kv_heads=1, max_context_len=4096, num_reqs=4, num_pages=None, seed=0):
         self.gen = torch.Generator().manual_seed(seed)
         num_pages = num_pages or num_reqs * max_context_len // fmt.PAGE_SIZE + 2
         self.req_to_token_pool = ReqToTokenPool(size=num_reqs, max_context_len=max_context_len, device="cpu",
@@ -61,8 +61,6 @@ class Harness:
                                          is_encoder_decoder=False),
             spec_algorithm=SpeculativeAlgorithm.NONE, model=None, is_hybrid_swa=False, sliding_window_size=None,
         )
-        if indexer is not None:  # attached first: the backend then uses it instead of building its own
-            self.pool.attach_indexer(lambda: indexer)
         self.backend = NVFP4SparseAttnBackend(self.runner)
         self.layer = RadixAttention(num_heads, fmt.HEAD_DIM, fmt.HEAD_DIM**-0.5, num_kv_heads, layer_id=0)
         self.free_pages = torch.randperm(num_pages - 1, generator=self.gen) + 1  # page 0 stays the dummy page
@@ -217,29 +215,40 @@ def test_chunked_prefill_equals_one_shot_prefill():
     torch.testing.assert_close(torch.cat([first, second]), full, rtol=0, atol=2e-2)
 
 
-def test_decode_after_prefill_matches_reference_and_graph_metadata_path():
+@pytest.mark.parametrize("dense_layers", ["", "0"])
+def test_decode_after_prefill_matches_reference_and_graph_metadata_path(monkeypatch, dense_layers):
+    monkeypatch.setenv("NVFP4_SPARSE_DENSE_LAYERS", dense_layers)
     h = Harness(num_kv_heads=2, seed=4)
-    lens = [2100, 300, 128]
-    pages = [h.take_pages(-(-(n + 1) // 128)) for n in lens]
+    lens = [2100, 300, 127]  # 17 blocks for the first request (dense != sparse); the last crosses a block
+    pages = [h.take_pages(-(-(n + 2) // 128)) for n in lens]
     for row, (p, n) in enumerate(zip(pages, lens)):
-        h.map_request(row, p, n + 1)
+        h.map_request(row, p, n + 2)
         h.forward(h.batch(ForwardMode.EXTEND, [row], [n], [n]), *h.qkv(n))
-    fb = h.batch(ForwardMode.DECODE, [0, 1, 2], [n + 1 for n in lens])
-    q, k, v = h.qkv(3)
-    cache_before = h.pool.layer_cache(0).clone()
-    eager = h.forward(fb, q, k, v)
-    want = h.reference(fb, q, table(pages), torch.arange(3).int(), torch.tensor(lens).int())
-    assert torch.equal(eager, want)
-    # CUDA-graph metadata path (static buffers refreshed in place), padded to 4 rows.
-    h.pool.layer_cache(0).copy_(cache_before)
     h.backend.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-    padded = h.batch(ForwardMode.DECODE, [0, 1, 2, 0], [n + 1 for n in lens] + [1])
-    padded.req_pool_indices[3] = 0
-    padded.out_cache_loc[3] = 0  # SGLang's padded rows write the dummy slot 0 (page 0 is never handed out)
-    h.backend.init_forward_metadata_out_graph(padded, in_capture=False)
-    with torch.no_grad():
-        graphed = h.backend.forward(torch.cat([q, q[:1]]), torch.cat([k, k[:1]]), torch.cat([v, v[:1]]), h.layer, padded)
-    assert torch.equal(graphed[:3], eager)
+    for step in range(2):  # the second step reuses the batch size's graph metadata, refreshed in place
+        seq_lens = [n + 1 + step for n in lens]
+        fb = h.batch(ForwardMode.DECODE, [0, 1, 2], seq_lens)
+        q, k, v = h.qkv(3)
+        cache_before = h.pool.layer_cache(0).clone()
+        eager = h.forward(fb, q, k, v)
+        pos = torch.tensor(seq_lens).int() - 1
+        if dense_layers:
+            ids = all_visible_blocks(pos, table(pages).shape[1]).expand(2, -1, -1)
+            want = sparse_prefill_reference(q.view(3, 16, 128), h.pool.layer_cache(0), ids, table(pages),
+                                            torch.arange(3).int(), pos, 1.0, 1.0, h.layer.scaling).view(3, -1)
+        else:
+            want = h.reference(fb, q, table(pages), torch.arange(3).int(), pos)
+        assert torch.equal(eager, want)
+        # CUDA-graph metadata path (static buffers refreshed in place), padded to 4 rows.
+        h.pool.layer_cache(0).copy_(cache_before)
+        padded = h.batch(ForwardMode.DECODE, [0, 1, 2, 0], seq_lens + [1])
+        padded.req_pool_indices[3] = 0
+        padded.out_cache_loc[3] = 0  # SGLang's padded rows write the dummy slot 0 (page 0 is never handed out)
+        h.backend.init_forward_metadata_out_graph(padded, in_capture=False)
+        with torch.no_grad():
+            graphed = h.backend.forward(torch.cat([q, q[:1]]), torch.cat([k, k[:1]]), torch.cat([v, v[:1]]),
+                                        h.layer, padded)
+        assert torch.equal(graphed[:3], eager)
     assert h.backend.get_cuda_graph_seq_len_fill_value() == 1
 
 
@@ -299,19 +308,25 @@ def test_pool_moves_and_offload_copy_exact_bytes():
 
 
 class SlotStampIndexer:
-    """A model-provided indexer in miniature: per-token state (a stamp per slot) that must follow its
-    tokens through moves and offload, and the newest block plus block 0 as its selection."""
+    """A model-provided indexer in miniature: per-token state (a stamp per slot, from the model's own
+    ``idx_k`` input) that must follow its tokens through moves and offload; selects block 0 and the own
+    block, and records the model inputs it was given."""
 
-    topk = 2
+    def __init__(self, num_layers, num_pages, num_kv_heads, device, *, topk):
+        self.topk = topk
+        self.stamp = torch.zeros(num_pages * fmt.PAGE_SIZE, dtype=torch.int32, device=device)
+        self.seen_inputs = []
 
-    def __init__(self, num_slots: int):
-        self.stamp = torch.zeros(num_slots, dtype=torch.int32)
+    @staticmethod
+    def state_bytes(num_layers, num_kv_heads, **options):
+        return StateBytes(per_token=4)
 
     def state_nbytes(self) -> int:
         return self.stamp.nbytes
 
     def on_kv_written(self, layer_id, cache, slots, **model_inputs):
-        self.stamp[slots.long()] = slots.int() + 1
+        self.seen_inputs.append(("write", sorted(model_inputs)))
+        self.stamp[slots.long()] = model_inputs["idx_k"]
 
     def save_tokens(self, layer_id, slots):
         return self.stamp[slots.long()].clone()
@@ -320,39 +335,49 @@ class SlotStampIndexer:
         self.stamp[slots.long()] = saved
 
     def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs):
+        self.seen_inputs.append(("select", sorted(model_inputs)))
         own = (pos // fmt.PAGE_SIZE)[None, :, None]
         ids = torch.cat([torch.zeros_like(own), own], dim=-1)
         return torch.where((ids == 0) & (own > 0), ids, torch.where(ids == own, ids, -1)).int().expand(
             fmt.check_cache(cache), -1, -1).contiguous()
 
 
-def test_a_model_indexer_plugs_in_without_touching_pool_or_kernels():
-    """The pool forwards writes, moves and offload restores to whatever indexer the backend attached;
-    backends of one pool share it; the kernels attend its selection."""
-    num_pages = 4 * 4096 // fmt.PAGE_SIZE + 2
-    stamp = SlotStampIndexer(num_pages * fmt.PAGE_SIZE)
-    h = Harness(num_kv_heads=1, num_pages=num_pages, seed=9, indexer=stamp)
-    assert h.backend.indexer is stamp and NVFP4SparseAttnBackend(h.runner).indexer is stamp
+def test_a_model_indexer_plugs_in_without_touching_pool_or_kernels(monkeypatch):
+    """Configured as the indexer kind, a model-provided indexer is sized into the pool, built by the backend
+    (and shared by a second backend of the pool), gets the model's attention inputs on writes and selections,
+    sees its per-token state follow moves and offload, and the kernels attend its selection."""
+    monkeypatch.setattr(SparseConfig, "indexer_kind", lambda self: (SlotStampIndexer, {"topk": 2}))
+    config = load_config({})
+    assert bytes_per_token(1, 2, config.indexer_state_bytes(2, 1)) == 2 * 144 + 4
+    h = Harness(num_kv_heads=1, seed=9)
+    stamp = h.backend.indexer
+    assert isinstance(stamp, SlotStampIndexer) and NVFP4SparseAttnBackend(h.runner).indexer is stamp
     n = 300
     pages = h.take_pages(3)
     h.map_request(0, pages, n)
     q, k, v = h.qkv(n)
-    out = h.forward(h.batch(ForwardMode.EXTEND, [0], [n], [n]), q, k, v)
+    fb = h.batch(ForwardMode.EXTEND, [0], [n], [n])
+    h.backend.init_forward_metadata(fb)
+    idx_k = torch.arange(n, dtype=torch.int32) + 7
+    with torch.no_grad():
+        out = h.backend.forward(q, k, v, h.layer, fb, idx_q=torch.zeros(n, 4, 128), idx_k=idx_k, idx_v=None)
+    assert stamp.seen_inputs == [("write", ["idx_k", "idx_q"]), ("select", ["idx_k", "idx_q"])]
     src = h.req_to_token_pool.req_to_token[0, :n].long()
-    assert torch.equal(stamp.stamp[src], src.int() + 1)
+    assert torch.equal(stamp.stamp[src], idx_k)
     pos = torch.arange(n, dtype=torch.int32)
     ids = stamp.select(0, None, h.pool.layer_cache(0), None, None, pos)
+    ids = torch.nn.functional.pad(ids, (0, fmt.TOPK - 2), value=-1)  # what the backend hands the kernels
     want = sparse_prefill_reference(q.view(n, 16, 128), h.pool.layer_cache(0), ids, table([pages]),
                                     torch.zeros(n, dtype=torch.int32), pos, 1.0, 1.0, h.layer.scaling)
     assert torch.equal(out, want.view(n, -1))
     dst_pages = h.take_pages(3)
     dst = (torch.tensor(dst_pages)[torch.arange(n) // 128] * 128 + torch.arange(n) % 128).long()
     h.pool.move_kv_cache(dst, src)
-    assert torch.equal(stamp.stamp[dst], src.int() + 1)
+    assert torch.equal(stamp.stamp[dst], idx_k)
     saved = h.pool.get_cpu_copy(src)
     stamp.stamp[src] = 0
     h.pool.load_cpu_copy(saved, src)
-    assert torch.equal(stamp.stamp[src], src.int() + 1)
+    assert torch.equal(stamp.stamp[src], idx_k)
     assert h.pool.get_kv_size_bytes()[0] == h.pool.num_pages * 128 * 72 + stamp.stamp.nbytes
 
 

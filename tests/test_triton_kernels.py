@@ -20,11 +20,12 @@ from problems import make_problem, random_block_ids
 from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
+from sglang_nvfp4.indexer import all_visible_blocks
 from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 22  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 23  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -112,12 +113,22 @@ if INTERPRETED:
         assert kernels.resolve_implementation("cpu") == "triton"
 
     @pytest.mark.parametrize("width", [5, 20])
-    def test_any_topk_width(forced_triton, width):
+    def test_any_block_id_width(forced_triton, width):
         p = make_problem(71, [1200], [10], num_heads=16, num_kv_heads=1, dtype=torch.float32)
         block_ids = random_block_ids(p, seed=width, width=width)
         want = sparse_prefill_reference(*args_of(p, block_ids))
         assert rel_err(kernels.sparse_prefill(*args_of(p, block_ids)), want) < 2e-4
         assert rel_err(kernels.sparse_decode(*args_of(p, block_ids)), want) < 2e-4
+
+    def test_dense_selection_shared_by_the_kv_heads(forced_triton):
+        """Dense layers hand the plan one all-visible selection expanded over the KV heads (stride 0)."""
+        p = make_problem(73, [700, 300], [12, 5], num_heads=16, num_kv_heads=2, dtype=torch.float32)
+        shared = all_visible_blocks(p.pos, p.block_table.shape[1]).expand(2, -1, -1)
+        want = sparse_prefill_reference(*args_of(p, shared.contiguous()))
+        for kind in ("prefill", "decode"):
+            plan = kernels.plan_attention(kind, p.block_table, p.req, p.pos, num_kv_heads=2)
+            out = plan.run(p.q, p.cache, shared, p.k_scale, p.v_scale, p.sm_scale, out=poisoned(p.q))
+            assert rel_err(out, want) < 2e-4
 
     def test_keys_nobody_sees_may_hold_nan_codes(forced_triton):
         p = make_problem(72, [300, 200], [14, 7], num_heads=16, num_kv_heads=2, dtype=torch.float32)

@@ -38,15 +38,22 @@ class BlockIndexer(Protocol):
     ``layer_id`` is the layer's index among the layers this process holds (0-based). ``cache`` is that
     layer's NVFP4 cache ``uint8 [pages, 2*Hkv, 128, 72]``; ``slots`` int32/int64 ``[N]`` are
     ``page * 128 + row``. ``model_inputs`` carries what a model-provided indexer needs beyond
-    attention's tensors (e.g. MiniMax-M3's ``idx_q``/``idx_k`` projections, forwarded by the backend
-    from the model's attention call); the training-free :class:`~.summary.SummaryIndexer` ignores it.
-    On the GPU, :meth:`on_kv_written` and :meth:`select` must be free of host syncs (decode runs them
-    inside CUDA graphs). An implementation also states its memory before it is built, with a
-    ``state_bytes(...) -> StateBytes`` static method taking what it needs to know (its layer and KV
-    head counts, its options).
+    attention's tensors: the keyword arguments the model passes to its attention call (e.g.
+    MiniMax-M3's ``idx_q``/``idx_k`` projections), which the backend forwards to both calls; the
+    training-free :class:`~.summary.SummaryIndexer` ignores it. On the GPU, :meth:`on_kv_written` and
+    :meth:`select` must be free of host syncs (decode runs them inside CUDA graphs).
+
+    The backend's configuration (:meth:`sglang_nvfp4.sglang.config.SparseConfig.indexer_kind`) names
+    the class and its options; it is built as ``cls(num_layers, num_pages, num_kv_heads, device,
+    **options)`` and sized before that with :meth:`state_bytes`.
     """
 
     topk: int  # the most block ids per row that select() returns (its K)
+
+    @staticmethod
+    def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:
+        """The memory an instance built with these arguments will keep (pool sizing, before it exists)."""
+        ...
 
     def state_nbytes(self) -> int:
         """Bytes of the state it holds (SGLang's KV memory accounting)."""

@@ -260,8 +260,6 @@ def _select_torch(queries, keys, block_table, req, pos, topk, sink_blocks, local
     return out
 
 
-
-
 class SummaryIndexer:
     """The training-free :class:`~.protocol.BlockIndexer`: one :class:`BlockSummaries` per layer, scored
     by :func:`select_blocks`. Summaries are a function of the cache bytes, so it keeps no per-token
@@ -278,8 +276,9 @@ class SummaryIndexer:
                           for _ in range(num_layers)]
 
     @staticmethod
-    def state_bytes(num_layers: int, num_kv_heads: int, method: str = "quest") -> StateBytes:
-        """What :class:`SummaryIndexer` with these arguments keeps: summaries per page, nothing per token."""
+    def state_bytes(num_layers: int, num_kv_heads: int, method: str = "quest", **options) -> StateBytes:
+        """What :class:`SummaryIndexer` with these arguments keeps: summaries per page, nothing per token
+        (the selection options do not change it)."""
         return StateBytes(per_page=num_layers * BlockSummaries.bytes_per_page(num_kv_heads, minmax=method == "quest"))
 
     def state_nbytes(self) -> int:

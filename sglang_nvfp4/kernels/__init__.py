@@ -8,9 +8,10 @@ Attention is planned once per forward and run per layer, as FlashInfer's wrapper
 
 :func:`plan_attention` validates the metadata every layer shares (``block_table``, ``req``, ``pos``: see
 :mod:`sglang_nvfp4.reference`) and resolves the implementation; :meth:`AttentionPlan.run` checks only
-that the layer's tensors have the planned sizes and launches. :func:`sparse_prefill` /
+the layer's own tensors against the plan (host-side, no sync) and launches. :func:`sparse_prefill` /
 :func:`sparse_decode` are the one-call forms (full validation, then plan and run), and :func:`write_kv`
-follows :func:`sglang_nvfp4.format.write_kv` bit for bit.
+follows :func:`sglang_nvfp4.format.write_kv` bit for bit (:func:`cache_writer` resolves it once, for the
+KV pool).
 
 Which implementation serves a plan (:func:`resolve_implementation`):
 
@@ -21,9 +22,10 @@ Which implementation serves a plan (:func:`resolve_implementation`):
   at most 16 ids per token); other layers, decode and cache writes stay on Triton.
 
 ``NVFP4_SPARSE_KERNEL=reference|triton|flydsl`` forces an implementation on any device; it is read
-when a plan is made (once per forward in the SGLang backend) and by each :func:`write_kv`. ``triton``
-on CPU tensors runs the kernels in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set before
-the kernel modules are imported.
+when a plan or a cache writer is made (the SGLang backend plans every forward, and once per captured
+batch size for decode CUDA graphs; the pool makes its writer at start-up) and by each one-call
+function. ``triton`` on CPU tensors runs the kernels in Triton's interpreter, which needs
+``TRITON_INTERPRET=1`` set before the kernel modules are imported.
 
 The kernel paths never sync with the device; the reference path also range-checks the ids. The
 kernels rely on the reference's preconditions: ids below the block table's width, selected blocks
@@ -42,7 +44,13 @@ import os
 import torch
 
 from .. import format as fmt
-from ..reference import check_token_metadata, sparse_prefill_reference, validate_sparse_args
+from ..reference import (
+    check_block_ids,
+    check_queries,
+    check_token_metadata,
+    sparse_prefill_reference,
+    validate_sparse_args,
+)
 
 __all__ = [
     "AttentionPlan",
@@ -50,6 +58,7 @@ __all__ = [
     "sparse_prefill",
     "sparse_decode",
     "write_kv",
+    "cache_writer",
     "resolve_implementation",
     "forced_implementation",
     "FORCE_ENV",
@@ -114,7 +123,7 @@ class AttentionPlan:
     def __init__(self, kind: str, implementation: str, block_table: torch.Tensor, req: torch.Tensor,
                  pos: torch.Tensor, num_kv_heads: int):
         self.kind, self.implementation = kind, implementation
-        self.block_table, self.req, self.pos = block_table, req.contiguous(), pos.contiguous()
+        self.block_table, self.req, self.pos = block_table, req, pos
         self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
         self._launch = self._launcher(implementation)
         # FlyDSL serves the prefill layers whose shape it supports; the others fall back to Triton.
@@ -143,18 +152,21 @@ class AttentionPlan:
             sm_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
         """One layer: ``q [T, H, 128]`` over ``cache`` with ``block_ids`` int32 ``[Hkv, T, K]``; returns
         ``out [T, H, 128]`` in q's dtype. ``k_scale``/``v_scale`` as normalised by
-        :func:`sglang_nvfp4.format.global_scale`."""
-        t, hkv, h = self.num_tokens, self.num_kv_heads, q.shape[1]
-        if q.shape[0] != t or h % hkv or block_ids.shape[:2] != (hkv, t) or cache.shape[1] != 2 * hkv:
-            raise ValueError(f"run: planned for {t} tokens over {hkv} KV heads, got q {tuple(q.shape)}, "
-                             f"block_ids {tuple(block_ids.shape)}, cache {tuple(cache.shape)}")
+        :func:`sglang_nvfp4.format.global_scale`. Checks only what differs per layer, on the host: the
+        layer's tensors against the plan (the selection may come from any indexer)."""
+        t, hkv, device = self.num_tokens, self.num_kv_heads, self.block_table.device
+        if q.shape[0] != t or cache.shape[1] != 2 * hkv or q.device != device or cache.device != device:
+            raise ValueError(f"run: planned for {t} tokens over {hkv} KV heads on {device}, got q {tuple(q.shape)} "
+                             f"on {q.device}, cache {tuple(cache.shape)} on {cache.device}")
+        _, h = check_queries(q, hkv)
+        width = check_block_ids(block_ids, hkv, t, device)
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
         elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"out: expected {q.dtype} {tuple(q.shape)} on {q.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         launch = self._launch
-        if self._flydsl_supports is not None and not self._flydsl_supports(h, hkv, block_ids.shape[2]):
+        if self._flydsl_supports is not None and not self._flydsl_supports(h, hkv, width):
             launch = self._fallback
         if launch is _reference_launch:
             return launch(q, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, sm_scale, out)
@@ -170,12 +182,15 @@ def plan_attention(kind: str, block_table: torch.Tensor, req: torch.Tensor, pos:
                    num_kv_heads: int) -> AttentionPlan:
     """Plan sparse attention for one forward. ``kind``: ``"prefill"`` (any tokens) or ``"decode"`` (one
     query token per request); ``block_table`` int32 ``[R, S]``, ``req``/``pos`` int32 ``[T]`` on one
-    device (see :mod:`sglang_nvfp4.reference`)."""
+    device, ``req``/``pos`` contiguous (a plan keeps them: CUDA graphs captured with it read them in place;
+    see :mod:`sglang_nvfp4.reference`)."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
     if num_kv_heads < 1:
         raise ValueError(f"num_kv_heads: must be >= 1, got {num_kv_heads}")
     check_token_metadata(block_table, req, pos, pos.numel(), block_table.device)
+    if not (req.is_contiguous() and pos.is_contiguous()):
+        raise ValueError("req/pos: must be contiguous (the plan keeps them, no copy)")
     return AttentionPlan(kind, resolve_implementation(block_table.device), block_table, req, pos, num_kv_heads)
 
 
@@ -183,7 +198,7 @@ def _attention(kind, q, cache, block_ids, block_table, req, pos, k_scale, v_scal
     _, _, hkv = validate_sparse_args(q, cache, block_ids, block_table, req, pos)
     k_scale = fmt.global_scale(k_scale, q.device, name="k_scale")
     v_scale = fmt.global_scale(v_scale, q.device, name="v_scale")
-    plan = plan_attention(kind, block_table, req, pos, num_kv_heads=hkv)
+    plan = plan_attention(kind, block_table, req.contiguous(), pos.contiguous(), num_kv_heads=hkv)
     return plan.run(q, cache, block_ids, k_scale, v_scale, sm_scale, out)
 
 
@@ -209,11 +224,14 @@ def _validate_write_args(cache, slots, k, v) -> None:
             raise ValueError(f"{name}: on {t.device}, cache on {cache.device}")
 
 
-def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
-    """Quantize ``k, v [N, Hkv, 128]`` into ``cache`` at ``slots [N]`` (see :func:`format.write_kv`)."""
-    if resolve_implementation(cache.device) == "reference":
-        fmt.write_kv(cache, slots, k, v, k_scale, v_scale)
-        return
+def cache_writer(device: torch.device | str):
+    """The cache write for ``device``, resolved once (the KV pool asks at start-up): a function
+    ``(cache, slots, k, v, k_scale, v_scale)`` with :func:`sglang_nvfp4.format.write_kv`'s contract,
+    the reference itself or the Triton kernel behind the same argument checks."""
+    return fmt.write_kv if resolve_implementation(device) == "reference" else _triton_write_kv
+
+
+def _triton_write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
     _validate_write_args(cache, slots, k, v)
     from . import triton_write  # FlyDSL has no cache write: Triton serves it on every GPU
 
@@ -221,3 +239,8 @@ def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
         cache, slots, k if k.stride(-1) == 1 else k.contiguous(), v if v.stride(-1) == 1 else v.contiguous(),
         fmt.global_scale(k_scale, cache.device, name="k_scale"), fmt.global_scale(v_scale, cache.device, name="v_scale"),
     )
+
+
+def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
+    """Quantize ``k, v [N, Hkv, 128]`` into ``cache`` at ``slots [N]`` (see :func:`format.write_kv`)."""
+    cache_writer(cache.device)(cache, slots, k, v, k_scale, v_scale)

@@ -39,14 +39,14 @@ DECODE_NUM_STAGES = 2
 DECODE_MAX_REGISTERS = 168  # NVIDIA: 3 programs per multiprocessor instead of 2, without spills (Triton 3.6)
 
 
-def default_splits(num_tokens: int, num_kv_heads: int, topk_width: int, device: torch.device) -> int:
+def default_splits(num_tokens: int, num_kv_heads: int, width: int, device: torch.device) -> int:
     """Splits per (token, KV head): enough programs for about two per multiprocessor, at most one
     selected block per program."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(2 * sms, max(1, num_tokens * num_kv_heads))
-    return min(triton.next_power_of_2(want), triton.next_power_of_2(topk_width))
+    return min(triton.next_power_of_2(want), triton.next_power_of_2(width))
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 
 :func:`block_attention_mass` is the dense causal softmax mass of each token on each block of 128 keys;
 :func:`oracle_blocks` picks the blocks of largest mass, the best any ``topk`` selection can do. Used by
-``bench/eval_indexer.py`` and ``bench/eval_quality_indexer.py`` and the indexer tests.
+``bench/eval_indexer.py`` and the indexer tests.
 """
 
 from __future__ import annotations

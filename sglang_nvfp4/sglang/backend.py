@@ -12,8 +12,10 @@ aligned), the selection of dense layers when any are configured, and the kernel 
 (:func:`sglang_nvfp4.kernels.plan_attention`). It is rebuilt on every forward because the radix cache
 may move a request's pages. Per layer, ``forward_*`` writes the new K/V into the pool, asks the
 indexer for the block ids of each token and KV head (dense layers take the forward's all-visible
-selection) and runs the plan. Decode CUDA graphs refresh static copies of the same metadata in place
-(padded rows: request row 0, position 0).
+selection) and runs the plan; the keyword arguments of the model's attention call (e.g. MiniMax-M3's
+``idx_q``/``idx_k``) go to the indexer with the write and the selection. Decode CUDA graphs refresh
+static copies of the same metadata in place (padded rows: request row 0, position 0); their metadata
+object and plan are made once per captured batch size.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class NVFP4SparseAttnBackend(AttentionBackend):
         self.max_blocks = _blocks(model_runner.model_config.context_len)
         self.forward_metadata: SparseForwardMetadata | None = None
         self._graph_block_table = self._graph_req = self._graph_pos = self._graph_dense_block_ids = None
+        self._graph_metadata: dict[int, SparseForwardMetadata] = {}  # per captured batch size
 
     def _metadata(self, kind: str, block_table, req, pos, dense_out=None) -> SparseForwardMetadata:
         """What every layer of this forward shares: the metadata, the dense selection (written into
@@ -153,7 +156,8 @@ class NVFP4SparseAttnBackend(AttentionBackend):
                                                      device=self.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        """Refresh the static decode metadata in place before capture / replay."""
+        """Refresh the static decode metadata in place before capture / replay. The metadata object (and its
+        plan) is made once per batch size: a replay runs the kernels its capture recorded."""
         mode = forward_batch.forward_mode
         if not mode.is_decode_or_idle():
             raise NotImplementedError(f"{BACKEND_NAME}: CUDA graphs are supported for decode only")
@@ -162,20 +166,28 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             build_block_table(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], self.max_blocks)
         )
         self._graph_pos[:bs].copy_(forward_batch.seq_lens[:bs] - 1)
-        dense_out = None if self._graph_dense_block_ids is None else self._graph_dense_block_ids[:, :bs]
-        self.forward_metadata = self._metadata(
-            "decode", self._graph_block_table[:bs], self._graph_req[:bs], self._graph_pos[:bs], dense_out)
+        md = self._graph_metadata.get(bs)
+        if md is None:
+            dense_out = None if self._graph_dense_block_ids is None else self._graph_dense_block_ids[:, :bs]
+            md = self._metadata("decode", self._graph_block_table[:bs], self._graph_req[:bs], self._graph_pos[:bs],
+                                dense_out)
+            self._graph_metadata[bs] = md
+        elif md.dense_block_ids is not None:
+            md.dense_block_ids.copy_(all_visible_blocks(md.pos, md.block_table.shape[1]))
+        self.forward_metadata = md
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 
     # ---- per layer ---------------------------------------------------------------------------
     def _attend(self, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
-        if kwargs.get("sinks") is not None:
+        # What the model passes beyond q/k/v (e.g. MiniMax-M3's idx_q/idx_k) goes to the indexer.
+        model_inputs = {name: value for name, value in kwargs.items() if value is not None}
+        if "sinks" in model_inputs:
             raise NotImplementedError(f"{BACKEND_NAME}: attention sinks are not supported")
         pool = self.token_to_kv_pool
         if save_kv_cache and k is not None and v is not None:
-            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, model_inputs=model_inputs)
         md = self.forward_metadata
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         cache = pool.layer_cache(layer.layer_id)
@@ -183,7 +195,9 @@ class NVFP4SparseAttnBackend(AttentionBackend):
         if self.dense_layer[local_id]:
             block_ids = md.dense_block_ids.expand(layer.tp_k_head_num, -1, -1)
         else:
-            block_ids = self.indexer.select(local_id, q3, cache, md.block_table, md.req, md.pos)
+            block_ids = self.indexer.select(local_id, q3, cache, md.block_table, md.req, md.pos, **model_inputs)
+            if block_ids.shape[-1] < fmt.TOPK:  # one kernel variant (and decode split count) for every top-k
+                block_ids = torch.nn.functional.pad(block_ids, (0, fmt.TOPK - block_ids.shape[-1]), value=-1)
         k_scale, v_scale = layer_scales(layer)
         out = md.plan.run(q3, cache, block_ids, k_scale, v_scale, layer.scaling)
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)

@@ -13,7 +13,8 @@ variable                       default  meaning
 ``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
                                         (dense attention over the NVFP4 cache), or ``all``
 ``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton`` or ``flydsl`` kernels; validated
-                                        here, read by the kernel dispatcher at each forward's plan
+                                        here, read by the pool's cache writer at start-up and by the
+                                        kernel dispatcher when a forward is planned
 =============================  =======  ==========================================================
 
 A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
@@ -46,14 +47,21 @@ class SparseConfig:
     def is_dense_layer(self, layer_id: int) -> bool:
         return self.dense_layers is None or layer_id in self.dense_layers
 
+    def indexer_kind(self) -> tuple[type, dict]:
+        """The configured indexer: its class and the options it is built and sized with (one place, so
+        that the pool sizing and the build agree)."""
+        return SummaryIndexer, {"method": self.indexer, "topk": self.topk, "sink_blocks": self.sink_blocks,
+                                "local_blocks": self.local_blocks}
+
     def indexer_state_bytes(self, num_layers: int, num_kv_heads: int) -> StateBytes:
         """Memory of the indexer :meth:`build_indexer` makes, known before it is built (pool sizing)."""
-        return SummaryIndexer.state_bytes(num_layers, num_kv_heads, self.indexer)
+        cls, options = self.indexer_kind()
+        return cls.state_bytes(num_layers, num_kv_heads, **options)
 
     def build_indexer(self, num_layers: int, num_pages: int, num_kv_heads: int, device) -> BlockIndexer:
         """The configured indexer for one process's layers and pool pages."""
-        return SummaryIndexer(num_layers, num_pages, num_kv_heads, device, method=self.indexer, topk=self.topk,
-                              sink_blocks=self.sink_blocks, local_blocks=self.local_blocks)
+        cls, options = self.indexer_kind()
+        return cls(num_layers, num_pages, num_kv_heads, device, **options)
 
 
 def _int(env, name: str, default: int, lo: int, hi: int) -> int:

@@ -63,6 +63,7 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
             raise ValueError(f"nvfp4_sparse: page size {self.page_size} is not supported, use --page-size {fmt.PAGE_SIZE}")
         self.num_pages = -(-(self.size + self.page_size) // fmt.PAGE_SIZE)
         self._indexer: BlockIndexer | None = None  # set by attach_indexer()
+        self._write_kv = kernels.cache_writer(self.device)  # resolved once: reference or Triton
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.kv_cache = [fmt.alloc_cache(self.num_pages, self.head_num, self.device) for _ in range(self.layer_num)]
         # K and V halves of each page, for SGLang's size accounting; never read as tokens.
@@ -93,6 +94,11 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         if self._indexer is None:
             with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
                 self._indexer = build()
+            # SGLang logged the pool's size and set mem_usage (GB) before the indexer existed.
+            state_bytes = self._indexer.state_nbytes()
+            self.mem_usage += state_bytes / 2**30
+            logger.info("nvfp4_sparse indexer %s: %.3f GiB beside the KV cache",
+                        type(self._indexer).__name__, state_bytes / 2**30)
         return self._indexer
 
     def layer_cache(self, layer_id: int) -> torch.Tensor:
@@ -105,8 +111,10 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         return k_bytes + (self._indexer.state_nbytes() if self._indexer is not None else 0), v_bytes
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
-                      layer_id_override=None, dcp_kv_mask=None):
-        """Quantize ``cache_k/cache_v [N, Hkv*128]`` (or ``[N, Hkv, 128]``) into the slots of ``loc_info``.
+                      layer_id_override=None, dcp_kv_mask=None, model_inputs=None):
+        """Quantize ``cache_k/cache_v [N, Hkv*128]`` (or ``[N, Hkv, 128]``) into the slots of ``loc_info``
+        and tell the indexer, with ``model_inputs`` (a dict the backend forwards from the model's attention
+        call, e.g. MiniMax-M3's index keys; beyond SGLang's signature).
 
         ``k_scale``/``v_scale`` are ignored: the pool always uses the layer's global scales
         (:func:`layer_scales`) so that writes and attention agree."""
@@ -118,9 +126,9 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         cache = self.layer_cache(layer_id)
         k = cache_k.view(-1, self.head_num, fmt.HEAD_DIM)
         v = cache_v.view(-1, self.head_num, fmt.HEAD_DIM)
-        kernels.write_kv(cache, loc, k, v, ks, vs)
+        self._write_kv(cache, loc, k, v, ks, vs)
         if self._indexer is not None:
-            self._indexer.on_kv_written(layer_id - self.start_layer, cache, loc)
+            self._indexer.on_kv_written(layer_id - self.start_layer, cache, loc, **(model_inputs or {}))
 
     def _no_plain_view(self, *_args, **_kwargs):
         raise NotImplementedError(

@@ -1,7 +1,7 @@
 """FlyDSL kernel for AMD gfx950 (MI350/MI355): fused NVFP4 sparse prefill.
 
-The dispatcher calls :func:`is_available` and :func:`supports` when it plans a forward, then
-:func:`launch` per layer (arguments already validated against
+The dispatcher calls :func:`is_available` when it plans a forward, then per layer :func:`supports`
+(the layer's selection width) and :func:`launch` (arguments already validated against
 :func:`sglang_nvfp4.reference.sparse_prefill_reference`'s contract). ``flydsl``
 is imported only when a kernel is built, so importing this package never needs it.
 
