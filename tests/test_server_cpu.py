@@ -4,13 +4,16 @@ backend on short prompts, and a clean shutdown."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("sglang.srt")
 
-from sglang_nvfp4.local_server import LocalServer  # noqa: E402
+from sglang_nvfp4.local_server import LocalServer, free_port, sglang_process  # noqa: E402
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text  # noqa: E402
 
 SERVER_ARGS = ["--max-total-tokens", "65536", "--mem-fraction-static", "0.5", "--max-running-requests", "16"]
@@ -77,3 +80,17 @@ def test_short_prompts_agree_with_dense_torch_native(sparse_server, short_prompt
     print(f"first-token agreement {same_first}/12, |delta logprob| mean {sum(deltas) / len(deltas):.3f} max {max(deltas):.3f}")
     assert same_first >= 9, f"first greedy token agreed on {same_first}/12 prompts"
     assert max(deltas) < 0.6 and sum(deltas) / len(deltas) < 0.2, deltas
+
+
+def test_bad_settings_stop_the_launcher_before_the_weights_load(model_dir):
+    """A dense-layer id the model does not have: a clear error and exit code 1 from the launcher, in
+    seconds, with no weight loaded and no scheduler started."""
+    args, env = sglang_process(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--attention-backend", "nvfp4_sparse",
+         "--host", "127.0.0.1", "--port", str(free_port())],
+        {**os.environ, "NVFP4_SPARSE_DENSE_LAYERS": "99"})
+    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode == 1, log[-3000:]
+    assert "NVFP4_SPARSE_DENSE_LAYERS: layer ids [99] are beyond the model's 2 layers" in log
+    assert "Load weight" not in log and "Scheduler" not in log

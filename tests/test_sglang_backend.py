@@ -4,6 +4,7 @@ chunked prefill, decode, CUDA-graph metadata, and start-up validation."""
 
 from __future__ import annotations
 
+import json
 import unittest
 from types import SimpleNamespace
 from unittest import mock
@@ -58,7 +59,7 @@ class Harness:
         self.runner = SimpleNamespace(
             device="cpu", req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
             model_config=SimpleNamespace(context_len=max_context_len, head_dim=128, v_head_dim=128,
-                                         is_encoder_decoder=False),
+                                         is_encoder_decoder=False, num_hidden_layers=1),
             spec_algorithm=SpeculativeAlgorithm.NONE, model=None, is_hybrid_swa=False, sliding_window_size=None,
         )
         self.backend = NVFP4SparseAttnBackend(self.runner)
@@ -404,7 +405,7 @@ def test_unsupported_layers_fail_at_startup(kwargs, match):
 def test_unsupported_head_dim_fails_at_startup():
     h = Harness()
     runner = SimpleNamespace(**{**vars(h.runner), "model_config": SimpleNamespace(
-        context_len=4096, head_dim=64, v_head_dim=64, is_encoder_decoder=False)})
+        context_len=4096, head_dim=64, v_head_dim=64, is_encoder_decoder=False, num_hidden_layers=1)})
     with pytest.raises(ValueError, match="head_dim"):
         NVFP4SparseAttnBackend(runner)
 
@@ -418,6 +419,42 @@ def test_unsupported_head_dim_fails_at_startup():
 def test_bad_configuration_names_the_variable(env, match):
     with pytest.raises(ValueError, match=match):
         load_config(env)
+
+
+def test_settings_checked_against_the_model():
+    load_config({"NVFP4_SPARSE_DENSE_LAYERS": "0,1"}).check_model(num_layers=2, head_dim=128)
+    with pytest.raises(ValueError, match=r"DENSE_LAYERS: layer ids \[2, 99\] are beyond the model's 2 layers"):
+        load_config({"NVFP4_SPARSE_DENSE_LAYERS": "1,2,99"}).check_model(num_layers=2, head_dim=128)
+    with pytest.raises(ValueError, match="head_dim 64"):
+        load_config({}).check_model(num_layers=2, head_dim=128 // 2)
+
+
+@pytest.mark.parametrize("env, config_edit, match", [
+    ({"NVFP4_SPARSE_TOPK": "0"}, {}, "NVFP4_SPARSE_TOPK=0"),
+    ({"NVFP4_SPARSE_TOPK": "abc"}, {}, "NVFP4_SPARSE_TOPK='abc'"),
+    ({"NVFP4_SPARSE_INDEXER": "bogus"}, {}, "NVFP4_SPARSE_INDEXER='bogus'"),
+    ({"NVFP4_SPARSE_SINK_BLOCKS": "16"}, {}, "NVFP4_SPARSE_SINK_BLOCKS=16"),
+    ({"NVFP4_SPARSE_DENSE_LAYERS": "-1"}, {}, "NVFP4_SPARSE_DENSE_LAYERS"),
+    ({"NVFP4_SPARSE_DENSE_LAYERS": "99"}, {}, "beyond the model's 2 layers"),
+    ({"NVFP4_SPARSE_KERNEL": "bogus"}, {}, "NVFP4_SPARSE_KERNEL='bogus'"),
+    ({}, {"head_dim": 64}, "head_dim 64"),
+])
+def test_bad_settings_fail_when_the_server_arguments_resolve(tmp_path, monkeypatch, env, config_edit, match):
+    """Where SGLang resolves the server arguments: in the launcher, before any weight is loaded."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_nvfp4.tiny_model import make_tiny_model
+
+    model = make_tiny_model(str(tmp_path), weights=False)
+    with open(f"{model}/config.json") as f:
+        hf_config = {**json.load(f), **config_edit}
+    with open(f"{model}/config.json", "w") as f:
+        json.dump(hf_config, f)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        args = prepare_server_args(["--model-path", model, "--device", "cpu", "--attention-backend", "nvfp4_sparse"])
+        args.resolve_once()
 
 
 def test_configuration_defaults_and_values():

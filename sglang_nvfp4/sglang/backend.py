@@ -101,6 +101,8 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             )
         check_model_supported(model_runner)
         self.config = startup_config()
+        model_config = model_runner.model_config
+        self.config.check_model(model_config.num_hidden_layers, model_config.head_dim)
         pool = self.token_to_kv_pool
         self.indexer = pool.attach_indexer(
             lambda: self.config.build_indexer(pool.layer_num, pool.num_pages, pool.head_num, pool.device))

@@ -19,8 +19,9 @@ variable                       default  meaning
 
 A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
 all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every layer. Bad values
-raise ``ValueError`` naming the variable at the first read in a process (the pool sizing at server
-start-up).
+raise ``ValueError`` naming the variable where SGLang resolves the server arguments (the plugin's
+start-up rules, in the launcher, before any weight loads: exit code 1), checked against the
+checkpoint's config too (:meth:`SparseConfig.check_model`); the backend checks the built model again.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ class SparseConfig:
 
     def is_dense_layer(self, layer_id: int) -> bool:
         return self.dense_layers is None or layer_id in self.dense_layers
+
+    def check_model(self, num_layers: int, head_dim: int) -> None:
+        """Settings that depend on the model: ``ValueError`` for a head_dim the cache layout does not hold,
+        and for dense layer ids the model does not have (a typo would leave every layer sparse)."""
+        if head_dim != fmt.HEAD_DIM:
+            raise ValueError(f"nvfp4_sparse: head_dim {head_dim} is not supported, only {fmt.HEAD_DIM}")
+        beyond = sorted(x for x in self.dense_layers or () if x >= num_layers)
+        if beyond:
+            raise ValueError(f"{_PREFIX}DENSE_LAYERS: layer ids {beyond} are beyond the model's {num_layers} layers "
+                             f"(0..{num_layers - 1})")
 
     def indexer_kind(self) -> tuple[type, dict]:
         """The configured indexer: its class and the options it is built and sized with (one place, so

@@ -44,7 +44,8 @@ def create_backend(model_runner):
 
 def apply_server_arg_rules(server_args) -> None:
     """Start-up rules for ``nvfp4_sparse`` on resolved server arguments: ``--page-size 128`` when
-    unset, prefill CUDA graphs off, and clear errors for what the backend cannot serve."""
+    unset, prefill CUDA graphs off, and clear errors for what the backend cannot serve, the
+    ``NVFP4_SPARSE_*`` settings included (checked against the checkpoint's config, before any weight)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of, declare_resolution, resolved_view
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 
@@ -72,11 +73,34 @@ def apply_server_arg_rules(server_args) -> None:
         raise ValueError(f"{BACKEND_NAME} does not support --enable-hierarchical-cache")
     if view.disaggregation_mode != "null":
         raise ValueError(f"{BACKEND_NAME} does not support PD disaggregation")
+    # The NVFP4_SPARSE_* settings, also against the checkpoint's config: here, before any weight loads, a
+    # bad value ends the launcher with a clear error (exit code 1).
+    from .config import load_config
+
+    config = load_config()
+    shape = model_attention_shape(server_args.model_path, getattr(server_args, "trust_remote_code", False))
+    if shape is not None:
+        config.check_model(*shape)
     # Decode CUDA graphs are supported; prefill graphs are not (attention runs eagerly there).
     declare_resolution(
         server_args, "sglang_nvfp4",
         cuda_graph_config=with_phase(view.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
     )
+
+
+def model_attention_shape(model_path: str, trust_remote_code: bool = False) -> tuple[int, int] | None:
+    """``(num_layers, head_dim)`` from the checkpoint's config (no weights), or ``None`` when it cannot be read
+    at this point; the backend checks the built model again."""
+    try:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except Exception:  # not a local checkpoint, or a config transformers cannot parse
+        return None
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    return (layers, head_dim) if layers and head_dim else None
 
 
 def kv_pool_class_override(kind: str):
