@@ -4,10 +4,13 @@ backend on short prompts, and a clean shutdown."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -80,6 +83,21 @@ def test_short_prompts_agree_with_dense_torch_native(sparse_server, short_prompt
     print(f"first-token agreement {same_first}/12, |delta logprob| mean {sum(deltas) / len(deltas):.3f} max {max(deltas):.3f}")
     assert same_first >= 9, f"first greedy token agreed on {same_first}/12 prompts"
     assert max(deltas) < 0.6 and sum(deltas) / len(deltas) < 0.2, deltas
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"text": ""}, "the prompt is empty"),
+    ({"input_ids": [5, 6, 10**6]}, "token id 1000000 is outside the vocabulary"),
+    ({"text": "a b c", "return_logprob": True, "top_logprobs_num": 10**6}, "top_logprobs_num: 1000000"),
+])
+def test_requests_that_crash_sglang_get_a_400_and_the_server_serves_on(sparse_server, payload, message):
+    """SGLang 0.5.23 itself dies on these (any backend); the plugin's request check answers 400."""
+    request = urllib.request.Request(sparse_server.url + "/generate", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({**payload, "sampling_params": {"max_new_tokens": 2}}).encode())
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=120)
+    assert answer.value.code == 400 and message in answer.value.read().decode()
+    assert sparse_server.generate("key value", max_new_tokens=2)["meta_info"]["completion_tokens"] == 2
 
 
 def test_bad_settings_stop_the_launcher_before_the_weights_load(model_dir):

@@ -457,6 +457,18 @@ def test_bad_settings_fail_when_the_server_arguments_resolve(tmp_path, monkeypat
         args.resolve_once()
 
 
+def test_request_inputs_that_crash_sglang_are_refused():
+    text = SimpleNamespace(input_embeds=None, image_data=None, return_logprob=True, top_logprobs_num=5)
+    plugin.check_request_inputs(text, [0, 511], vocab_size=512)
+    for ids, match in (([], "empty"), ([3, 512], "token id 512"), ([-1, 3], "token id -1")):
+        with pytest.raises(ValueError, match=match):
+            plugin.check_request_inputs(text, ids, vocab_size=512)
+    with pytest.raises(ValueError, match="top_logprobs_num: 513"):
+        plugin.check_request_inputs(SimpleNamespace(**{**vars(text), "top_logprobs_num": 513}), [1], vocab_size=512)
+    plugin.check_request_inputs(SimpleNamespace(**{**vars(text), "image_data": ["x"]}), [10**6], vocab_size=512)
+    plugin.check_request_inputs(SimpleNamespace(**{**vars(text), "input_embeds": [[0.0]]}), None, vocab_size=512)
+
+
 def test_configuration_defaults_and_values():
     cfg = load_config({})
     assert (cfg.topk, cfg.sink_blocks, cfg.local_blocks) == (16, 1, 1) and not cfg.is_dense_layer(0)

@@ -12,7 +12,9 @@ detokenizer, ``sglang.Engine``). It uses only SGLang's extension points:
   ``DefaultPoolConfigurator._compute_cell_size`` (size the pool at NVFP4 bytes per token plus the
   indexer's state, so ``max_total_num_tokens`` grows ~3.5x over bf16), and
   ``models.utils.enable_fused_set_kv_buffer`` (models that would write bf16 K/V into the cache
-  themselves go through the pool instead).
+  themselves go through the pool instead);
+* one AROUND hook that acts whatever the backend: ``TokenizerManager._validate_one_request``
+  (:func:`check_request_inputs`: requests that would crash SGLang 0.5.23's scheduler get HTTP 400).
 """
 
 from __future__ import annotations
@@ -127,6 +129,23 @@ def cell_size_override(kvc, num_layers: int):
     return math.ceil(bytes_per_token(heads, num_layers, config.indexer_state_bytes(num_layers, heads)))
 
 
+def check_request_inputs(obj, input_ids, vocab_size: int) -> None:
+    """Requests that crash SGLang 0.5.23's scheduler whatever the attention backend (the server then dies):
+    ``ValueError``, which SGLang answers with HTTP 400 naming the value. An empty prompt, a token id
+    outside the vocabulary (text-only requests: multimodal ones carry placeholder ids), and
+    ``top_logprobs_num`` above the vocabulary size."""
+    multimodal = any(getattr(obj, f, None) is not None for f in ("image_data", "video_data", "audio_data"))
+    if input_ids is not None and getattr(obj, "input_embeds", None) is None and not multimodal:
+        if len(input_ids) == 0:
+            raise ValueError("the prompt is empty: a request needs at least one input token")
+        lo, hi = min(input_ids), max(input_ids)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"input_ids: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
+    top = getattr(obj, "top_logprobs_num", 0)
+    if getattr(obj, "return_logprob", False) and isinstance(top, int) and top > vocab_size:
+        raise ValueError(f"top_logprobs_num: {top} is more than the vocabulary's {vocab_size} tokens")
+
+
 # HookRegistry AROUND hooks and the resolution hook: the plugin's way of applying the rules above.
 def _resolve_server_args(server_args, previous) -> None:
     previous(server_args)
@@ -140,6 +159,11 @@ def _kv_pool_cls(original, platform, *, kind):
 def _cell_size(original, configurator, kvc, num_layers):
     override = cell_size_override(kvc, num_layers)
     return original(configurator, kvc, num_layers) if override is None else override
+
+
+def _validate_request(original, manager, obj, input_ids):
+    check_request_inputs(obj, input_ids, manager.model_config.vocab_size)
+    return original(manager, obj, input_ids)
 
 
 def _fused_kv_write(original, *args, **kwargs):
@@ -164,6 +188,7 @@ def register() -> None:
         ("sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls", _kv_pool_cls),
         ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size", _cell_size),
         ("sglang.srt.models.utils.enable_fused_set_kv_buffer", _fused_kv_write),
+        ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", _validate_request),
     ):
         HookRegistry.register(target, hook, HookType.AROUND)
     _registered = True
