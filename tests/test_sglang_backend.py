@@ -5,6 +5,7 @@ chunked prefill, decode, CUDA-graph metadata, and start-up validation."""
 from __future__ import annotations
 
 import json
+import math
 import unittest
 from types import SimpleNamespace
 from unittest import mock
@@ -281,6 +282,21 @@ def test_pool_bytes_per_token_and_capacity_vs_bf16(method):
     k_bytes, v_bytes = h.pool.get_kv_size_bytes()
     assert v_bytes == h.pool.num_pages * 2 * 128 * 72  # Hkv=2
     assert k_bytes == v_bytes + h.backend.indexer.state_nbytes() > v_bytes  # K also counts the summaries
+
+
+def test_pool_sizing_counts_cache_indexer_and_sglang_per_token_buffers(monkeypatch):
+    """SGLang sizes the pool with this cost per token; its eager buffers of 48 B per pool token (and the
+    allocator's free-page list) come after the pool, so they are in the cost (a 2-layer, 1-KV-head model
+    ran out of memory at start-up on the H200 without them)."""
+    from sglang.srt import runtime_context
+
+    monkeypatch.setattr(plugin, "backend_active", lambda: True)
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1, attn_dcp_size=1))
+    kvc = SimpleNamespace(model_config=SimpleNamespace(get_num_kv_heads=lambda tp, dcp: 1))
+    cache_and_summaries = 2 * 144 + 2 * (128 * 2 * 3 + 8) / 128  # 2 layers, 1 KV head, quest summaries
+    assert plugin.cell_size_override(kvc, 2) == math.ceil(cache_and_summaries + 48 + 8 / 128)
+    monkeypatch.setattr(plugin, "backend_active", lambda: False)
+    assert plugin.cell_size_override(kvc, 2) is None
 
 
 def test_pool_has_no_plain_kv_view():

@@ -114,8 +114,17 @@ def kv_pool_class_override(kind: str):
     return None
 
 
+# SGLang 0.5.23 allocates, after sizing the pool and with no reserve for them, GPU buffers of one entry per
+# pool token: the eager runner's input_ids, positions and out_cache_loc (int64 each) and mrope_positions
+# (3 x int64), 48 bytes (model_executor/runner/eager_runner.py, cuda_graph_buffer_registry.py), and the
+# paged allocator's free-page list (int64 per page; mem_cache/allocator/paged.py). A bf16 pool's slack
+# absorbs them; the NVFP4 pool holds ~3.5x the tokens, so they are counted in its bytes per token.
+SGLANG_BYTES_PER_POOL_TOKEN = 6 * 8 + 8 / 128
+
+
 def cell_size_override(kvc, num_layers: int):
-    """Pool bytes per token (NVFP4 cache + the indexer's state) while the backend is active, else ``None``."""
+    """Pool bytes per token while the backend is active (NVFP4 cache + the indexer's state + SGLang's
+    buffers sized by the pool's token count), else ``None``."""
     if not backend_active():
         return None
     from sglang.srt.runtime_context import get_parallel
@@ -126,7 +135,8 @@ def cell_size_override(kvc, num_layers: int):
     parallel = get_parallel()
     heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
     config = startup_config()
-    return math.ceil(bytes_per_token(heads, num_layers, config.indexer_state_bytes(num_layers, heads)))
+    state = config.indexer_state_bytes(num_layers, heads)
+    return math.ceil(bytes_per_token(heads, num_layers, state) + SGLANG_BYTES_PER_POOL_TOKEN)
 
 
 def check_request_inputs(obj, input_ids, vocab_size: int) -> None:
