@@ -101,8 +101,9 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             )
         check_model_supported(model_runner)
         self.config = startup_config()
-        model_config = model_runner.model_config
-        self.config.check_model(model_config.num_hidden_layers, model_config.head_dim)
+        num_layers = getattr(model_runner.model_config, "num_hidden_layers", None)  # test runners may lack it
+        if num_layers is not None:
+            self.config.check_model(num_layers, model_runner.model_config.head_dim)
         pool = self.token_to_kv_pool
         self.indexer = pool.attach_indexer(
             lambda: self.config.build_indexer(pool.layer_num, pool.num_pages, pool.head_num, pool.device))
