@@ -160,11 +160,11 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         return TokenBackup(records, state)
 
     def _restore(self, slots: torch.Tensor, backup: TokenBackup) -> None:
+        slots = slots.to(self.kv_cache[0].device)
         for local_id, (cache, records, state) in enumerate(zip(self.kv_cache, backup.records, backup.indexer_state)):
             fmt.write_token_records(cache, slots, records)
             if self._indexer is not None:
-                saved = None if state is None else state.to(cache.device)
-                self._indexer.restore_tokens(local_id, cache, slots.to(cache.device), saved)
+                self._indexer.restore_tokens(local_id, cache, slots, None if state is None else state.to(cache.device))
 
     def get_contiguous_buf_infos(self):
         raise NotImplementedError("nvfp4_sparse does not support PD disaggregation KV transfer")

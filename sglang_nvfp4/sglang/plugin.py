@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 
+from .. import format as fmt
 from . import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,6 @@ def apply_server_arg_rules(server_args) -> None:
     ``NVFP4_SPARSE_*`` settings included (checked against the checkpoint's config, before any weight)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of, declare_resolution, resolved_view
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
-    from .. import format as fmt
 
     view = resolved_view(server_args)
     prefill, decode = attention_backends_of(view)
@@ -119,7 +118,7 @@ def kv_pool_class_override(kind: str):
 # (3 x int64), 48 bytes (model_executor/runner/eager_runner.py, cuda_graph_buffer_registry.py), and the
 # paged allocator's free-page list (int64 per page; mem_cache/allocator/paged.py). A bf16 pool's slack
 # absorbs them; the NVFP4 pool holds ~3.5x the tokens, so they are counted in its bytes per token.
-SGLANG_BYTES_PER_POOL_TOKEN = 6 * 8 + 8 / 128
+SGLANG_BYTES_PER_POOL_TOKEN = 6 * 8 + 8 / fmt.PAGE_SIZE
 
 
 def cell_size_override(kvc, num_layers: int):
