@@ -1,7 +1,8 @@
-"""End-to-end SGLang 0.5.23 runs on a GPU host: ``nvfp4_sparse`` against dense ``triton`` (and
-``torch_native`` in ``one_batch``), same build, same model config, same flags. Writes ``e2e.json``
-(after every finished run, so a timeout still leaves numbers) and ``e2e.png``, and the raw logs,
-under ``--out``.
+"""End-to-end SGLang 0.5.23 runs on a GPU host: ``nvfp4_sparse`` against the dense backends ``flashinfer``
+(FlashInfer 0.7.2; left out with a note where it is not installed), ``triton`` and, in ``one_batch``,
+``torch_native``: same build, same model config, same flags. Writes ``e2e.json`` (after every finished
+run, so a timeout still leaves numbers) with a ``summary`` of ``nvfp4_sparse`` over the strongest dense
+backend per phase, named (``e2e_summary.py``), ``e2e.png``, and the raw logs, under ``--out``.
 
 Steps (``--steps``, comma list, default ``server,one_batch``; they run in the order one_batch,
 offline, server), one file each, whose docstring says what it measures (below, after the model
@@ -17,6 +18,7 @@ the rest is recorded as ``not_run``), so it ends inside one 10-minute device cal
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 
@@ -24,12 +26,13 @@ import e2e_models
 import e2e_offline
 import e2e_one_batch
 import e2e_server
+import e2e_summary
 from e2e_models import MODELS
 from e2e_plot import plot
 from harness import BenchRun, exit_on_sigterm, log
 
 STEPS = {"one_batch": e2e_one_batch, "offline": e2e_offline, "server": e2e_server}  # in the order they run
-ONE_BATCH_BACKENDS = ("nvfp4_sparse", "triton", "torch_native")
+ONE_BATCH_BACKENDS = ("nvfp4_sparse", "flashinfer", "triton", "torch_native")
 
 
 def parse_args() -> argparse.Namespace:
@@ -91,9 +94,31 @@ def gpu_description() -> str | None:
     return None
 
 
+def runnable_backends(backends: list, results: dict) -> list:
+    """``backends`` less ``flashinfer`` where FlashInfer is not installed (noted in ``results``)."""
+    if "flashinfer" in backends and importlib.util.find_spec("flashinfer") is None:
+        results["backends_left_out"] = {"flashinfer": "flashinfer is not installed"}
+        log("note: the flashinfer backend is left out: flashinfer is not installed")
+        return [b for b in backends if b != "flashinfer"]
+    return list(backends)
+
+
+def summarize(results: dict) -> dict:
+    """``nvfp4_sparse`` over the strongest dense backend, per step and phase, with that backend's name."""
+    summary = {}
+    if results.get("one_batch_by_model"):
+        summary["one_batch"] = e2e_summary.one_batch_summary(results["one_batch_by_model"])
+    if results.get("offline"):
+        summary["offline"] = results["offline"].get("vs_strongest_dense", {})
+    if results.get("server", {}).get("agreement"):
+        summary["server_agreement"] = results["server"]["agreement"]
+    return summary
+
+
 def run_steps(bench: BenchRun, args) -> None:
     """The steps of ``--steps`` in their fixed order, saving after each; a failing server step is recorded
     (``server_error``) and the other steps' numbers are kept."""
+    args.backends = runnable_backends(args.backends, bench.results)
     served_backends = [b for b in args.backends if b != "torch_native"]
     if "one_batch" in args.steps:
         e2e_one_batch.run_step(bench, args)
@@ -125,6 +150,7 @@ def main() -> None:
     finally:
         bench.stop_children()
         bench.results["wall_s"] = bench.spent()
+        bench.results["summary"] = summarize(bench.results)
         bench.save()
     try:
         plot(bench.results, bench.path("e2e.png"))

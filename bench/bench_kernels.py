@@ -9,15 +9,20 @@ Prefill: one request of T tokens, T in {8K, 32K, 64K, 128K}, (H, Hkv) in {(64, 4
 patterns: "random" (per token and KV head, the own block plus 15 distinct random earlier blocks: the
 worst case for a tile's union), "shared8" (one random selection per run of 8 tokens) and "indexer"
 (``sglang_nvfp4.indexer.select_blocks`` on the benchmark's random data, when that module imports).
-Peers in the same run: dense causal SDPA (bf16), SGLang's in-tree ``flash_prefill_with_gqa_share_sparse``
-on bf16 K/V holding the same values with the same selection (block_size_q 1, or 8 for shared8), and
-"dequantize the selected pages to bf16 (a Triton kernel using the same tile decoder) + that kernel".
-Reported: median ms (``triton.testing.do_bench``, which flushes L2 between runs), effective TF/s on the
-selected visible keys (4 * 128 flop per query head and key), the tile union size, speed-ups.
+Peers in the same run: dense causal SDPA (bf16); FlashInfer's paged prefill (``flashinfer_peers.py``:
+fa2 and fa3 over bf16 K/V, fa2 over FlashInfer's NVFP4 KV cache), when FlashInfer imports; SGLang's in-tree
+``flash_prefill_with_gqa_share_sparse`` on bf16 K/V holding the same values with the same selection
+(block_size_q 1, or 8 for shared8), and "dequantize the selected pages to bf16 (a Triton kernel using the
+same tile decoder) + that kernel". The dense peers attend the same (dequantized) values; the fastest of them
+is named ``strongest_dense`` per shape. Reported: median ms (``triton.testing.do_bench``, which flushes L2
+between runs), effective TF/s on the selected visible keys (4 * 128 flop per query head and key), the tile
+union size, speed-ups.
 
 Decode: batch {1, 32, 256} x context {8K, 32K, 128K}, H=64/Hkv=4, random top-16 per KV head, timed as
 CUDA-graph replays; GB/s on the bytes the kernel reads (selected pages, q, selection) and writes (out),
-against the measured device-to-device copy bandwidth (bytes read + written).
+against the measured device-to-device copy bandwidth (bytes read + written). Dense peers (batch x context
+<= ``FI_DECODE_MAX_TOKENS``): FlashInfer's tensor-core paged decode over the whole context, bf16 and NVFP4.
+FlashInfer compiles its kernels on first use: ``flashinfer.first_call_s`` records each first call.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+import flashinfer_peers
 from harness import log
 from timing import bench_ms, graph_ms
 
@@ -61,6 +67,7 @@ DECODE_SWEEP = (None, triton_decode.DECODE_MAX_REGISTERS)  # register cap off / 
 FLOP_PER_KEY = 4 * fmt.HEAD_DIM  # QK and PV multiply-adds per query head and key
 PAGE_BYTES_READ = 2 * fmt.PAGE_SIZE * fmt.ROW_BYTES  # one head's K and V^T blocks of a page
 DEV = "cuda"
+FI_DECODE_MAX_TOKENS = 256 * 32768  # FlashInfer's dense decode peers up to this many cached tokens (memory)
 
 
 def ceilings() -> dict:
@@ -257,7 +264,31 @@ def save(results, out):
         json.dump(report, f, indent=1)
 
 
-def run_prefill(patterns, t_list, in_tree_ok, results, out):
+def dense_peers(q, k_dense, v_dense, fi) -> dict:
+    """Dense causal prefill of one request by every dense peer, on the same values: SDPA and (``fi`` not
+    None) FlashInfer's; the fastest is ``strongest_dense``."""
+    t, heads = q.shape[0], q.shape[1]
+    dense_flop = FLOP_PER_KEY * heads * t * (t + 1) // 2
+    times = {"dense": dense_causal_ms(q, k_dense, v_dense)}
+    rec = {}
+    if fi is not None:
+        peers = fi.prefill(q, k_dense, v_dense)
+        reference = peers.get("fa2_bf16", {}).get("out")
+        for name, res in peers.items():
+            if "ms" in res:
+                times[f"fi_{name}"] = res["ms"]
+                if reference is not None and name != "fa2_bf16":
+                    rec[f"fi_{name}_max_abs_diff_vs_fa2_bf16"] = flashinfer_peers.max_abs_diff(res["out"], reference)
+            else:
+                rec[f"fi_{name}_error"] = res["error"]
+    for name, ms in times.items():
+        rec[f"{name}_ms"], rec[f"{name}_TFps"] = ms, dense_flop / ms / 1e9
+    best = min(times, key=times.get)
+    rec.update(strongest_dense="sdpa" if best == "dense" else best, strongest_dense_ms=times[best])
+    return rec
+
+
+def run_prefill(patterns, t_list, in_tree_ok, results, out, fi=None):
     cases = [(t, h, hkv, p) for t in t_list for h, hkv in PREFILL_HEADS for p in patterns
              if p != "indexer" or t <= INDEXER_MAX_T]
     for i, (t, heads, hkv, pattern) in enumerate(cases):
@@ -274,17 +305,17 @@ def run_prefill(patterns, t_list, in_tree_ok, results, out):
             continue
         dense_key = (t, heads, hkv)
         if k_dense is not None and dense_key not in results["_dense"]:
-            dense_ms = dense_causal_ms(q, k_dense, v_dense)
-            dense_flop = FLOP_PER_KEY * heads * t * (t + 1) // 2
-            results["_dense"][dense_key] = {"dense_ms": dense_ms, "dense_TFps": dense_flop / dense_ms / 1e9}
+            results["_dense"][dense_key] = dense_peers(q, k_dense, v_dense, fi)
         if dense_key in results["_dense"]:
             row.update(results["_dense"][dense_key])
             row["speedup_vs_dense"] = row["dense_ms"] / row["ours_ms"]
+            row["speedup_vs_strongest_dense"] = row["strongest_dense_ms"] / row["ours_ms"]
         results["prefill"].append(row)
         save(results, out)
         log(f"[{i + 1}/{len(cases)}] prefill T={t} H={heads}/{hkv} {pattern}: ours {row['ours_ms']:.3f} ms "
             f"({row['ours_TFps']:.0f} TF/s, union {row['union_mean']:.1f}/tile), in-tree {row.get('in_tree_ms', 0):.3f}, "
-            f"dequant+in-tree {row.get('dequant_in_tree_ms', 0):.3f}, dense {row.get('dense_ms', 0):.3f} ms")
+            f"dequant+in-tree {row.get('dequant_in_tree_ms', 0):.3f}, dense SDPA {row.get('dense_ms', 0):.3f}, "
+            f"strongest dense {row.get('strongest_dense', '-')} {row.get('strongest_dense_ms', 0):.3f} ms")
         del q, k_dense, v_dense
         torch.cuda.empty_cache()
 
@@ -306,7 +337,25 @@ def decode_problem(batch, ctx, gen):
     return q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5
 
 
-def decode_case(batch, ctx, gen, copy_gbps, sweep):
+def decode_dense_peers(batch, ctx, fi, gen) -> dict:
+    """FlashInfer's dense decode of ``batch`` requests over their whole ``ctx``-token context (random bf16
+    K/V, and the same values in FlashInfer's NVFP4 cache): ``{"fi_fa2_bf16_ms": ..., ...}``."""
+    heads, hkv = DECODE_HEADS
+    if batch * ctx > FI_DECODE_MAX_TOKENS:
+        return {"fi_skipped": f"batch x ctx = {batch * ctx} > FI_DECODE_MAX_TOKENS {FI_DECODE_MAX_TOKENS}"}
+    k = torch.randn(batch * ctx, hkv, fmt.HEAD_DIM, device=DEV, generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(batch * ctx, hkv, fmt.HEAD_DIM, device=DEV, generator=gen, dtype=torch.bfloat16)
+    q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    rec = {}
+    for name, res in fi.decode(q, k, v, batch).items():
+        if "ms" in res:
+            rec[f"fi_{name}_ms"] = res["ms"]
+        else:
+            rec[f"fi_{name}_error"] = res["error"]
+    return rec
+
+
+def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None):
     args = decode_problem(batch, ctx, gen)
     q, block_ids = args[0], args[2]
     heads, hkv = DECODE_HEADS
@@ -323,21 +372,31 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep):
         for cap in DECODE_SWEEP:
             ms = graph_ms(lambda: triton_decode.launch(*args, out, max_registers=cap))
             row["sweep"].append({"max_registers": cap, "ms": ms, "GBps": moved / ms / 1e6})
+    if fi is not None:
+        del args, q, block_ids, out
+        torch.cuda.empty_cache()
+        row.update(decode_dense_peers(batch, ctx, fi, gen))
+        times = {k[: -len("_ms")]: v for k, v in row.items() if k.startswith("fi_") and k.endswith("_ms")}
+        if times:
+            best = min(times, key=times.get)
+            row.update(strongest_dense=best, strongest_dense_ms=times[best],
+                       speedup_vs_strongest_dense=times[best] / row["ms"])
     return row
 
 
-def run_decode(results, copy_gbps, out):
+def run_decode(results, copy_gbps, out, fi=None):
     cases = [(b, c) for c in DECODE_CTX for b in DECODE_BATCH]
     for i, (batch, ctx) in enumerate(cases):
         gen = torch.Generator(device=DEV).manual_seed(batch + ctx)
         try:
-            row = decode_case(batch, ctx, gen, copy_gbps, sweep=(batch, ctx) == (256, SWEEP_T))
+            row = decode_case(batch, ctx, gen, copy_gbps, sweep=(batch, ctx) == (256, SWEEP_T), fi=fi)
         except Exception as exc:  # noqa: BLE001
             row = {"batch": batch, "ctx": ctx, "error": repr(exc)[:500]}
             log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx}: FAILED {row['error']}")
         else:
             log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx}: {row['ms'] * 1e3:.1f} us, "
-                f"{row['GBps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), splits {row['splits']}")
+                f"{row['GBps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), splits {row['splits']}; "
+                f"strongest dense {row.get('strongest_dense', '-')} {row.get('strongest_dense_ms', 0) * 1e3:.1f} us")
         results["decode"].append(row)
         save(results, out)
         torch.cuda.empty_cache()
@@ -372,7 +431,9 @@ def plot(results, path):
                       key=lambda r: r["T"])
         ts = [r["T"] for r in rows]
         for key, label in (("ours_ms", "NVFP4 fused (ours)"), ("in_tree_ms", "in-tree sparse, bf16 KV"),
-                           ("dequant_in_tree_ms", "dequant + in-tree"), ("dense_ms", "dense causal SDPA bf16")):
+                           ("dequant_in_tree_ms", "dequant + in-tree"), ("dense_ms", "dense causal SDPA bf16"),
+                           ("fi_fa3_bf16_ms", "FlashInfer fa3 dense bf16"),
+                           ("fi_fa2_nvfp4_ms", "FlashInfer fa2 dense NVFP4")):
             if rows and all(key in r for r in rows):
                 ax.plot(ts, [r[key] for r in rows], marker="o", label=label)
         ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="ms",
@@ -414,7 +475,7 @@ def main():
     parser.add_argument("--out", default="bench/results", help="folder for kernels_h200.json / .png")
     parser.add_argument("--profile", action="store_true", help="only the launches to profile with ncu")
     parser.add_argument("--prefill-t", type=int, nargs="*", default=list(PREFILL_T))
-    parser.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode", "write"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode", "write", "flashinfer"])
     args = parser.parse_args()
     if args.profile:
         return profile()
@@ -432,12 +493,19 @@ def main():
     except ImportError as exc:
         print(f"note: SGLang peers are skipped: the in-tree kernel does not import ({exc})")
         in_tree_ok = False
+    fi = None
+    reason = "skipped (--skip flashinfer)" if "flashinfer" in args.skip else flashinfer_peers.unavailable_reason()
+    if reason is None:
+        fi = flashinfer_peers.FlashInferPeers(DEV)
+    else:
+        print(f"note: FlashInfer peers are skipped: {reason}")
     props = torch.cuda.get_device_properties(0)
     results = {
         "meta": {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
                  "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
                  "patterns": patterns},
         "prefill": [], "decode": [], "write": [], "_dense": {},
+        "flashinfer": {"version": fi.fi.__version__, "first_call_s": fi.first_call_s} if fi else {"skipped": reason},
     }
     log(f"{props.name}: measuring copy bandwidth and bf16 matmul")
     results["ceilings"] = ceilings()
@@ -445,9 +513,9 @@ def main():
     if "write" not in args.skip:
         run_write(results)
     if "decode" not in args.skip:
-        run_decode(results, results["ceilings"]["copy_GBps"], args.out)
+        run_decode(results, results["ceilings"]["copy_GBps"], args.out, fi)
     if "prefill" not in args.skip:
-        run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out)
+        run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out, fi)
     save(results, args.out)
     plot(results, os.path.join(args.out, "kernels_h200.png"))
     log(f"wrote {args.out}/kernels_h200.json and .png")
@@ -455,20 +523,28 @@ def main():
 
 
 def summary(results):
-    print("\nprefill (ms; speed-up of ours in brackets)")
-    print(f"{'T':>7} {'H/Hkv':>6} {'pattern':>8} {'ours':>8} {'TF/s':>6} {'union':>6} {'in-tree':>15} {'deq+in-tree':>15} {'dense':>15}")
+    print("\nprefill (ms; speed-up of ours in brackets; strongest dense = fastest of SDPA and FlashInfer)")
+    print(f"{'T':>7} {'H/Hkv':>6} {'pattern':>8} {'ours':>8} {'TF/s':>6} {'union':>6} {'in-tree':>15} "
+          f"{'deq+in-tree':>15} {'SDPA':>15} {'strongest dense':>28}")
     for r in results["prefill"]:
         if "ours_ms" not in r:
             print(f"{r['T']:>7} {r['H']}/{r['Hkv']:<4} {r['pattern']:>8}  error")
             continue
         peer = lambda k: f"{r[k + '_ms']:8.2f} ({r['speedup_vs_' + k]:4.1f}x)" if k + "_ms" in r else " " * 15  # noqa: E731
         print(f"{r['T']:>7} {r['H']:>3}/{r['Hkv']:<2} {r['pattern']:>8} {r['ours_ms']:8.3f} {r['ours_TFps']:6.0f} "
-              f"{r['union_mean']:6.1f} {peer('in_tree')} {peer('dequant_in_tree')} {peer('dense')}")
-    print("\ndecode H=64/Hkv=4")
+              f"{r['union_mean']:6.1f} {peer('in_tree')} {peer('dequant_in_tree')} {peer('dense')} "
+              f"{r.get('strongest_dense', '-'):>12} {peer('strongest_dense')}")
+    print("\ndecode H=64/Hkv=4 (strongest dense: FlashInfer's dense decode over the whole context)")
     for r in results["decode"]:
         if "ms" in r:
+            best = (f"; {r['strongest_dense']} {r['strongest_dense_ms'] * 1e3:.1f} us "
+                    f"({r['speedup_vs_strongest_dense']:.1f}x)" if "strongest_dense" in r else "")
             print(f"batch {r['batch']:>3} ctx {r['ctx'] // 1024:>3}K: {r['ms'] * 1e3:8.1f} us {r['GBps']:6.0f} GB/s "
-                  f"{100 * r['fraction_of_copy']:4.0f}% of copy")
+                  f"{100 * r['fraction_of_copy']:4.0f}% of copy{best}")
+    fi = results.get("flashinfer", {})
+    if fi.get("first_call_s"):
+        print("\nFlashInfer first calls (s, JIT compile included when not cached): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in fi["first_call_s"].items()))
 
 
 if __name__ == "__main__":

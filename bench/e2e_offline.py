@@ -26,6 +26,7 @@ import sys
 import time
 
 from e2e_models import dummy_model, model_record
+from e2e_summary import offline_summary
 from harness import BenchRun, file_tail, log
 
 from sglang_nvfp4.tiny_model import random_text
@@ -172,8 +173,8 @@ def _run_backend(bench: BenchRun, args, model: str, backend: str, dataset_args: 
 
 
 def run_step(bench: BenchRun, args, backends: list) -> None:
-    """Every backend of ``backends`` in turn (while the budget allows), saving after each; then the
-    nvfp4_sparse / triton throughput ratios."""
+    """Every backend of ``backends`` in turn (while the budget allows), saving after each; then nvfp4_sparse
+    over the strongest dense backend (and over triton, the ratio of earlier runs)."""
     results = bench.results.setdefault("offline", {})
     model = dummy_model(bench.out_dir, args.offline_model, CONTEXT_LEN)
     dataset_args = _dataset_args(args, _write_sharegpt_stub(bench.path("sharegpt_stub.json")))
@@ -190,6 +191,7 @@ def run_step(bench: BenchRun, args, backends: list) -> None:
     if ours and dense:
         throughputs = ("output_throughput", "input_throughput", "total_throughput")
         results["ratio_nvfp4_over_triton"] = {k: ours[k] / dense[k] for k in throughputs if dense.get(k)}
+    results["vs_strongest_dense"] = offline_summary({b: results[b] for b in backends})
 
 
 if __name__ == "__main__":

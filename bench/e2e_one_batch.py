@@ -5,8 +5,9 @@ raised to cover the longest input + ``--output-len``), and ``max_total_num_token
 same ``--mem-fraction-static``. Results go to ``e2e.json`` under ``one_batch_by_model`` (and, for
 gqa64x4, ``one_batch``, the key of earlier runs).
 
-one_batch warms up on its first pair only, so the first pair of every other batch size runs once untimed
-before its timed run (events ``batch_size_warmup``). One child process per (model, backend) runs all its
+one_batch warms up on its first pair only, so every other (batch size, input length) pair runs once untimed
+before its timed run (events ``pair_warmup``): Triton kernels compile and autotune per shape, and SGLang's
+in-tree kernels did so visibly (MiniMax-M3's 128K prefill: 1.20 s untimed, 0.35 s timed). One child process per (model, backend) runs all its
 pairs: this file run as a script (``python bench/e2e_one_batch.py EVENTS PAIRS ARGS``, see
 :func:`child_main`); each pair's result is recorded as soon as it ends. A pair that runs out of GPU memory
 is recorded as ``oom`` and the child goes on; any other error, or a pair running past ``--run-timeout``,
@@ -52,7 +53,7 @@ def child_main(argv: list) -> None:
 
     original = ob.latency_test_run_once
     calls = [0]
-    warmed_batch_sizes = set()
+    warmed_pairs = set()
 
     def emit(**event) -> None:
         with open(events_path, "a") as f:
@@ -68,14 +69,14 @@ def child_main(argv: list) -> None:
         t0 = time.perf_counter()
         failure = None
         try:
-            if not warmup and batch_size not in warmed_batch_sizes:
-                # one_batch warms up its first pair only; the first pair of another batch size would time
-                # one-time costs (Triton compiling new shapes, allocator growth): an untimed run first.
+            if not warmup and (batch_size, input_len) not in warmed_pairs:
+                # one_batch warms up its first pair only; a pair's first run would time one-time costs
+                # (kernels compiling and autotuning for new shapes, allocator growth): an untimed run first.
                 fresh = ob.prepare_synthetic_inputs_for_latency_test(batch_size, input_len)
                 original(run_name, model_runner, rank_print, fresh, batch_size, input_len, min(32, output_len), *a, **k)
-                emit(event="batch_size_warmup", wall_s=time.perf_counter() - t0, **key)
+                emit(event="pair_warmup", wall_s=time.perf_counter() - t0, **key)
                 t0 = time.perf_counter()
-            warmed_batch_sizes.add(batch_size)
+            warmed_pairs.add((batch_size, input_len))
             res = original(run_name, model_runner, rank_print, reqs, batch_size, input_len, output_len, *a, **k)
         except Exception as e:  # noqa: BLE001 - recorded, and the process ends unless it was out of memory
             oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
@@ -203,8 +204,8 @@ class BackendSweep:
             for ev in events[n_seen:]:
                 if ev["event"] == "start":
                     current, since = ev, time.monotonic()
-                elif ev["event"] == "batch_size_warmup":  # the pair's untimed first run ended; the timed one follows
-                    self.entry.setdefault("batch_size_warmups", []).append(ev)
+                elif ev["event"] == "pair_warmup":  # the pair's untimed first run ended; the timed one follows
+                    self.entry.setdefault("pair_warmups", []).append(ev)
                 else:
                     current = None
                     self._record_event(ev)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from e2e_models import MODELS
 
 
-COLORS = {"nvfp4_sparse": "tab:red", "triton": "tab:blue", "torch_native": "tab:green"}
+COLORS = {"nvfp4_sparse": "tab:red", "flashinfer": "tab:purple", "triton": "tab:blue", "torch_native": "tab:green"}
 MARKERS = ["o", "s", "^", "D"]  # one per model
 LINE_STYLES = ["-", "--", ":", "-."]  # one per batch size
 

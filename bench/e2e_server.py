@@ -1,7 +1,8 @@
 """``server`` step of bench_e2e: a real SGLang server per backend on a tiny random-weight model (16 query /
 1 KV head, head_dim 128; decode CUDA graphs on): 8 short prompts (<= 16 blocks, dense-equivalent: first
-greedy token and logprob agreement), one long prompt (more blocks than TOPK), two prompts sharing a prefix
-(radix hit), per-request latency. Results go to ``e2e.json`` under ``server``.
+greedy token and logprob agreement with every dense backend served, and of the dense backends with each
+other, the noise between dense implementations), one long prompt (more blocks than TOPK), two prompts
+sharing a prefix (radix hit), per-request latency. Results go to ``e2e.json`` under ``server``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 
+from e2e_summary import server_agreement
 from harness import COMMON_SERVER_ARGS, BenchRun, log
 
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text
@@ -55,17 +57,6 @@ def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict
         log(f"server {backend} failed: {e!r}"[:500])
 
 
-def _short_prompt_agreement(ours: list, dense: list) -> dict:
-    """nvfp4_sparse against triton on the short prompts: first token, its logprob, all tokens."""
-    pairs = [(o, d) for o, d in zip(ours, dense) if o["name"] == "short" and d["name"] == "short"]
-    return {
-        "short_first_token_equal": sum(o["tokens"][0] == d["tokens"][0] for o, d in pairs),
-        "short_prompts": len(pairs),
-        "short_first_logprob_abs_delta": [abs(o["logprobs"][0] - d["logprobs"][0]) for o, d in pairs],
-        "short_all_tokens_equal": sum(o["tokens"] == d["tokens"] for o, d in pairs),
-    }
-
-
 def run_step(bench: BenchRun, backends: list) -> None:
     """Serve every backend of ``backends`` in turn (while the budget allows), saving after each."""
     results = bench.results.setdefault("server", {})
@@ -79,6 +70,4 @@ def run_step(bench: BenchRun, backends: list) -> None:
         results[backend] = entry = {}
         _serve(bench, model, backend, prompts, entry)
         bench.save()
-    ours, dense = results.get("nvfp4_sparse", {}).get("requests"), results.get("triton", {}).get("requests")
-    if ours and dense:
-        results["agreement"] = _short_prompt_agreement(ours, dense)
+    results["agreement"] = server_agreement({b: results[b] for b in backends})

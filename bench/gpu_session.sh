@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # One device call on the H200 host (run from the repository root, with `carry: [".gpu"]`):
-#   bash bench/gpu_session.sh [STAGE...]     STAGE: tests | bench[=ARGS] | ncu   (default: tests bench ncu)
+#   bash bench/gpu_session.sh [STAGE...]     STAGE: tests | bench[=ARGS] | ncu | topk-build | topk
+#                                            (default: tests bench ncu)
 # Logs, the benchmark JSON/PNG and the ncu report land in $OUT.
+# topk-build starts the JIT build of FlashInfer's top-k module in the background, in a session of its own, so
+# that it goes on after the call while the machine stays warm (log: $FLASHINFER_WORKSPACE_BASE/topk_build.log);
+# topk runs bench/bench_topk.py, which uses that module only once it is built.
 set -o pipefail
 OUT=${OUT:-/tmp/nvfp4-out}
-mkdir -p "$OUT" /tmp/site
-tar xJf .gpu/site.tar.xz -C /tmp/site
-export PYTHONPATH="$PWD:/tmp/site:$PYTHONPATH" PYTHONUNBUFFERED=1
-export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$OUT/log.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/log.txt"
+source bench/gpu_setup.sh || exit 1
 [ $# -eq 0 ] && set -- tests bench ncu
 for stage in "$@"; do
   case "$stage" in
@@ -19,6 +18,14 @@ for stage in "$@"; do
     bench*)
       args=${stage#bench}; args=${args#=}
       python3 bench/bench_kernels.py --out "$OUT" $args 2>&1 | tee -a "$OUT/log.txt" ;;
+    topk-build)
+      setsid nohup python3 -c "import time; t = time.time(); from flashinfer.jit.topk import gen_topk_module; \
+gen_topk_module().build_and_load(); print('flashinfer top-k module built in %.0f s' % (time.time() - t))" \
+        > "$FLASHINFER_WORKSPACE_BASE/topk_build.log" 2>&1 < /dev/null &
+      echo "[$(ts)] FlashInfer top-k build started in the background" | tee -a "$OUT/log.txt" ;;
+    topk)
+      cat "$FLASHINFER_WORKSPACE_BASE/topk_build.log" 2>/dev/null | tail -3 | tee -a "$OUT/log.txt"
+      python3 bench/bench_topk.py --out "$OUT" 2>&1 | tee -a "$OUT/log.txt" ;;
     ncu)
       timeout 150 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section ComputeWorkloadAnalysis \
