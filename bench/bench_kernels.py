@@ -23,6 +23,10 @@ CUDA-graph replays; GB/s on the bytes the kernel reads (selected pages, q, selec
 against the measured device-to-device copy bandwidth (bytes read + written). Dense peers (batch x context
 <= ``FI_DECODE_MAX_TOKENS``): FlashInfer's tensor-core paged decode over the whole context, bf16 and NVFP4.
 FlashInfer compiles its kernels on first use: ``flashinfer.first_call_s`` records each first call.
+
+Decode splits (first, on a cold Triton cache): every fixed split count {1, 2, 4, 8, 16} at batch
+{1, 8, 32, 64, 256} and 32K context (``decode_splits``; ``split_first_call_s``: the first launch of each
+split count, compile included), the data behind ``triton_decode.DECODE_SPLITS``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ DECODE_SWEEP = (None, triton_decode.DECODE_MAX_REGISTERS)  # register cap off / 
 FLOP_PER_KEY = 4 * fmt.HEAD_DIM  # QK and PV multiply-adds per query head and key
 PAGE_BYTES_READ = 2 * fmt.PAGE_SIZE * fmt.ROW_BYTES  # one head's K and V^T blocks of a page
 DEV = "cuda"
+SPLIT_SWEEP = (1, 2, 4, 8, 16)
+SPLIT_SWEEP_BATCH = (1, 8, 32, 64, 256)
 FI_DECODE_MAX_TOKENS = 256 * 32768  # FlashInfer's dense decode peers up to this many cached tokens (memory)
 
 
@@ -363,7 +369,7 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None):
     pages = int((block_ids >= 0).sum())  # distinct by construction
     moved = pages * PAGE_BYTES_READ + 2 * q.numel() * q.element_size() + block_ids.numel() * 4
     row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "bytes": moved,
-           "splits": triton_decode.default_splits(batch, hkv, fmt.TOPK, q.device)}
+           "splits": triton_decode.DECODE_SPLITS}
     row["ms"] = graph_ms(lambda: kernels.sparse_decode(*args, out=out))
     row["GBps"] = moved / row["ms"] / 1e6
     row["fraction_of_copy"] = row["GBps"] / copy_gbps
@@ -382,6 +388,28 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None):
             row.update(strongest_dense=best, strongest_dense_ms=times[best],
                        speedup_vs_strongest_dense=times[best] / row["ms"])
     return row
+
+
+def run_split_sweep(results, out):
+    """Decode time per fixed split count and batch size at ``SWEEP_T`` context: the data behind
+    ``triton_decode.DECODE_SPLITS`` (one value for every batch size keeps decode batch-invariant).
+    Also the first call's wall time per split count (the Triton compile, on a cold cache)."""
+    import time
+
+    for batch in SPLIT_SWEEP_BATCH:
+        gen = torch.Generator(device=DEV).manual_seed(batch)
+        args = decode_problem(batch, SWEEP_T, gen)
+        out_t = torch.empty_like(args[0])
+        row = {"batch": batch, "ctx": SWEEP_T, "us": {}}
+        for splits in SPLIT_SWEEP:
+            t0 = time.perf_counter()
+            triton_decode.launch(*args, out_t, splits=splits)
+            torch.cuda.synchronize()
+            results.setdefault("split_first_call_s", {}).setdefault(str(splits), time.perf_counter() - t0)
+            row["us"][str(splits)] = 1e3 * graph_ms(lambda: triton_decode.launch(*args, out_t, splits=splits))
+        results["decode_splits"].append(row)
+        save(results, out)
+        log(f"decode splits, batch {batch}: " + ", ".join(f"{k}: {v:.1f} us" for k, v in row["us"].items()))
 
 
 def run_decode(results, copy_gbps, out, fi=None):
@@ -475,7 +503,8 @@ def main():
     parser.add_argument("--out", default="bench/results", help="folder for kernels_h200.json / .png")
     parser.add_argument("--profile", action="store_true", help="only the launches to profile with ncu")
     parser.add_argument("--prefill-t", type=int, nargs="*", default=list(PREFILL_T))
-    parser.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode", "write", "flashinfer"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["prefill", "decode", "write", "flashinfer", "splits"])
     args = parser.parse_args()
     if args.profile:
         return profile()
@@ -504,12 +533,14 @@ def main():
         "meta": {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
                  "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
                  "patterns": patterns},
-        "prefill": [], "decode": [], "write": [], "_dense": {},
+        "prefill": [], "decode": [], "write": [], "decode_splits": [], "_dense": {},
         "flashinfer": {"version": fi.fi.__version__, "first_call_s": fi.first_call_s} if fi else {"skipped": reason},
     }
     log(f"{props.name}: measuring copy bandwidth and bf16 matmul")
     results["ceilings"] = ceilings()
     log(f"copy {results['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {results['ceilings']['bf16_matmul_TFps']:.0f} TF/s")
+    if "splits" not in args.skip:
+        run_split_sweep(results, args.out)
     if "write" not in args.skip:
         run_write(results)
     if "decode" not in args.skip:

@@ -1,7 +1,9 @@
 """Does a server start at SGLang's default memory settings, and with what KV capacity? One server of
 ``--backend`` on a small model (``--model``: the bench's tiny 16/1 config, 2 layers, 1 KV head, hidden 256,
 random weights), default ``--mem-fraction-static``, decode CUDA graphs on; one request; stop. Prints one JSON
-line (``ok``, ``max_total_num_tokens`` from the KV-cache log line, start-up seconds, the log's tail on failure).
+line (``ok``, ``max_total_num_tokens`` from the KV-cache log line, start-up seconds, the seconds SGLang logged
+for capturing the decode CUDA graphs, which include compiling the attention kernels on a cold Triton cache,
+the log's tail on failure).
 
     python bench/startup_check.py --backend nvfp4_sparse --out DIR
 
@@ -47,6 +49,8 @@ def main() -> None:
         log = f.read()
     tokens = re.findall(r"#tokens: (\d+)|KV pool: (\d+) tokens", log)
     result["max_total_num_tokens"] = int(next(filter(None, tokens[-1]))) if tokens else None
+    capture = re.findall(r"Capture (?:target )?decode CUDA graph end.*?elapsed=([0-9.]+) s", log)
+    result["decode_graph_capture_s"] = float(capture[-1]) if capture else None
     print(json.dumps(result), flush=True)
 
 

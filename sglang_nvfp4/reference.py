@@ -29,6 +29,11 @@ dequantized to fp16 *without* their global scales (``e2m1 * e4m3`` is exact in f
 ``p = exp2(S*c - max)``, ``l = sum(p)`` in fp32; ``p`` is rounded to fp16 before ``P.V`` (fp32
 accumulation); ``out = (P.V) * (v_scale / l)``, cast to q's dtype. Kernels using an online softmax
 round ``p`` against a running max, so they match this within fp16 rounding, not bitwise.
+
+Batch invariance: a token's output depends on its own query, selection and keys only, never on which
+other tokens share the call. The reference computes each token over its own distinct blocks in ascending
+order, one block at a time (the sums over blocks run in that order), with the same arithmetic whatever
+the other tokens, their number or the selection width ``K``.
 ``mode="ideal"`` computes the same function in float64 with no intermediate rounding (K/V fully
 dequantized), for accuracy measurement.
 """
@@ -43,7 +48,7 @@ from . import format as fmt
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOG2E = math.log2(math.e)  # kernels run the softmax in exp2: logits are pre-scaled by sm_scale * LOG2E
-_TOKENS_PER_CHUNK = 128  # tokens per score block on CPU
+_TOKENS_PER_CHUNK = 64  # tokens computed together on CPU (each over its own blocks only)
 
 
 def check_queries(q: torch.Tensor, num_kv_heads: int, name: str = "q") -> tuple[int, int]:
@@ -153,34 +158,58 @@ def sparse_prefill_reference(
         c = sm_scale * LOG2E * float(fmt.global_scale(k_scale, name="k_scale"))
         v_gs = float(fmt.global_scale(v_scale, name="v_scale"))
 
+    # Each token's distinct selected blocks, ascending, then -1: the order of its sums over blocks.
+    kept = _distinct_ascending(blocks)  # [Hkv, T, K]
+    kept_slot = torch.gather(torch.where(valid, slot, -1), 2, _position_of(blocks, kept))
     offsets = torch.arange(fmt.PAGE_SIZE, device=q.device)
     for kvh in range(hkv):
+        heads = slice(kvh * group, (kvh + 1) * group)
         for start in range(0, t_all, _TOKENS_PER_CHUNK):
             tok = slice(start, min(start + _TOKENS_PER_CHUNK, t_all))
-            chunk_slot, chunk_blk = slot[kvh, tok], blocks[kvh, tok]  # [C, K]
-            ok = chunk_slot >= 0
-            if not bool(ok.any()):
-                continue
-            # The chunk's union of pages; each token attends the members it selected (once each).
-            union, member = torch.unique(chunk_slot[ok], return_inverse=True)
-            member_block = torch.full((chunk_slot.shape[0], union.numel()), -1, dtype=torch.long, device=q.device)
-            member_block[ok.nonzero()[:, 0], member] = chunk_blk[ok]
-            key_pos = member_block[:, :, None] * fmt.PAGE_SIZE + offsets  # [C, U, 128]
-            visible = (member_block[:, :, None] >= 0) & (key_pos <= pos[tok].long()[:, None, None])
-            visible = visible.flatten(1)  # [C, U*128]
-            kk = k_all[union, kvh].flatten(0, 1)  # [U*128, 128]
-            # Keys no token sees may hold any bytes (NaN codes too): keep them out of P.V entirely.
-            vv = torch.where(visible.any(dim=0)[:, None], v_all[union, kvh].flatten(0, 1), 0.0)
-            qq = qf[tok, kvh * group : (kvh + 1) * group]  # [C, G, 128]
-            logits = torch.matmul(qq, kk.T) * c  # [C, G, U*128]
-            logits = logits.masked_fill(~visible[:, None, :], float("-inf"))
-            m = logits.amax(dim=-1, keepdim=True)
-            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-            p = torch.exp(logits - m) if ideal else torch.exp2(logits - m)
-            l_sum = p.sum(dim=-1, keepdim=True)
-            if not ideal:
-                p = p.half().float()
-            o = torch.matmul(p, vv)
-            scale = torch.where(l_sum > 0, v_gs / l_sum, torch.zeros_like(l_sum))
-            out[tok, kvh * group : (kvh + 1) * group] = (o * scale).to(out.dtype)
+            out[tok, heads] = _attend_own_blocks(qf[tok, heads], kept[kvh, tok], kept_slot[kvh, tok], pos[tok].long(),
+                                                 k_all[:, kvh], v_all[:, kvh], c, v_gs, ideal, offsets).to(out.dtype)
     return out
+
+
+def _distinct_ascending(blocks: torch.Tensor) -> torch.Tensor:
+    """``blocks [..., K]`` (-1 = none) -> the distinct non-negative ids of each row, ascending, then -1."""
+    big = torch.iinfo(torch.int64).max
+    ids = torch.sort(torch.where(blocks >= 0, blocks, big), dim=-1).values
+    repeat = torch.zeros_like(ids, dtype=torch.bool)
+    repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
+    ids = torch.sort(torch.where(repeat, big, ids), dim=-1).values
+    return torch.where(ids == big, -1, ids)
+
+
+def _position_of(blocks: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """For each id of ``kept`` (-1: any), the index of its first occurrence in ``blocks`` (same row)."""
+    match = (kept[..., :, None] == blocks[..., None, :]) & (kept[..., :, None] >= 0)
+    return match.int().argmax(dim=-1)
+
+
+def _attend_own_blocks(q, kept, kept_slot, pos, k_all, v_all, c, v_gs, ideal, offsets):
+    """``C`` tokens, each over its own blocks: ``q [C, G, 128]``, ``kept``/``kept_slot [C, K]`` (block ids
+    ascending then -1, and their dequantized-page slots), ``pos [C]``, one KV head's ``k_all``/``v_all
+    [pages, 128, 128]``. Two passes (the max over all of a token's visible keys, then ``p``, ``l`` and
+    ``P.V`` block by block, summed in block order); blocks a token lacks add exact zeros."""
+    present = kept >= 0
+    slot = kept_slot.clamp(min=0)
+    logits, visible = [], []
+    for j in range(kept.shape[1]):
+        visible.append(present[:, j, None] & (kept[:, j, None] * fmt.PAGE_SIZE + offsets <= pos[:, None]))  # [C, 128]
+        s = torch.bmm(q, k_all[slot[:, j]].transpose(1, 2)) * c  # [C, G, 128], one matrix per token
+        logits.append(s.masked_fill(~visible[j][:, None, :], float("-inf")))
+    m = torch.stack([s.amax(dim=-1) for s in logits]).amax(dim=0)[..., None]  # [C, G, 1]
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    l_sum = torch.zeros_like(m)
+    acc = torch.zeros_like(q)
+    for j, s in enumerate(logits):
+        p = torch.exp(s - m) if ideal else torch.exp2(s - m)
+        l_sum = l_sum + p.sum(dim=-1, keepdim=True)
+        if not ideal:
+            p = p.half().float()
+        # Keys the token cannot see may hold any bytes (NaN codes too): keep them out of P.V entirely.
+        v = torch.where(visible[j][:, :, None], v_all[slot[:, j]], 0.0)  # [C, 128 keys, 128 dims]
+        acc = acc + torch.bmm(p, v)
+    scale = torch.where(l_sum > 0, v_gs / l_sum, torch.zeros_like(l_sum))
+    return acc * scale

@@ -112,3 +112,22 @@ def dense_attention_f64(p: Problem, head_map=None) -> torch.Tensor:
             s = (k[kvh] @ p.q[t, i].cpu().double()) * p.sm_scale
             out[t, i] = torch.softmax(s, dim=0) @ v[kvh]
     return out
+
+
+def call_args(p: Problem, block_ids: torch.Tensor, tokens=None) -> tuple:
+    """The contract's positional arguments for problem ``p``, or for only ``tokens`` (an index tensor) of it:
+    the same cache and block table, those tokens' queries, selections and metadata."""
+    if tokens is None:
+        return (p.q, p.cache, block_ids, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
+    return (p.q[tokens].contiguous(), p.cache, block_ids[:, tokens].contiguous(), p.block_table,
+            p.req[tokens].contiguous(), p.pos[tokens].contiguous(), p.k_scale, p.v_scale, p.sm_scale)
+
+
+def assert_batch_invariant(attend, p: Problem, block_ids: torch.Tensor, groups) -> None:
+    """``attend(*args) -> out``: each group of tokens (index tensors) attended alone gives, bit for bit, the
+    rows it gets when attended with every other token of ``p`` (batch invariance)."""
+    whole = attend(*call_args(p, block_ids))
+    for tokens in groups:
+        alone = attend(*call_args(p, block_ids, tokens))
+        diff = (alone.double() - whole[tokens].double()).abs().max().item()
+        assert torch.equal(alone, whole[tokens]), f"tokens {tokens.tolist()[:8]}...: alone differs by {diff:.3g}"

@@ -93,6 +93,55 @@ def test_decode_realistic(batch, ctx):
     assert rel_err(out, want) < 6e-3
 
 
+def _alone_vs_together(attend, args, groups):
+    """Rows of each token group attended alone equal, bit for bit, their rows in the whole call."""
+    q, cache, block_ids, block_table, req, pos, *rest = args
+    whole = attend(*args)
+    for tokens in groups:
+        alone = attend(q[tokens].contiguous(), cache, block_ids[:, tokens].contiguous(), block_table,
+                       req[tokens].contiguous(), pos[tokens].contiguous(), *rest)
+        assert torch.equal(alone, whole[tokens]), (tokens[:4].tolist(), (alone.float() - whole[tokens].float()).abs().max())
+
+
+def test_prefill_is_batch_invariant_on_gpu():
+    """Three extends (1000, 777 and 333 tokens: tiles span requests) with random selections in random slot
+    order: every request alone gives the bits it gets in the batch."""
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    lens, extends = [5000, 3000, 1500], [1000, 777, 333]
+    cache, block_table = filled_cache(lens, 4, gen)
+    pos = torch.cat([torch.arange(n - e, n) for n, e in zip(lens, extends)]).int().to(DEV)
+    req = torch.cat([torch.full((e,), r) for r, e in enumerate(extends)]).int().to(DEV)
+    last_block = torch.tensor([(n - 1) // fmt.PAGE_SIZE for n in lens], device=DEV)[req.long()]
+    block_ids = random_selection(pos, last_block, 4, fmt.TOPK, gen)
+    block_ids = torch.gather(block_ids, 2, torch.rand(block_ids.shape, device=DEV, generator=gen).argsort(dim=2))
+    q = (torch.randn(pos.shape[0], 64, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    groups = [torch.nonzero(req == r)[:, 0] for r in range(3)]
+
+    def attend(*args):
+        return kernels.sparse_prefill(*args, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out=torch.full_like(args[0], float("nan")))
+
+    _alone_vs_together(attend, (q, cache, block_ids, block_table, req, pos), groups + [groups[1][3:500]])
+
+
+def test_decode_is_batch_invariant_on_gpu():
+    """A decode batch of 64 requests: each request alone, and batches of 1, 7 and 32 of them, give the bits
+    they get in the batch of 64 (the split count does not follow the batch size)."""
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    lens = [9000 - 97 * r for r in range(64)]
+    cache, block_table = filled_cache(lens, 4, gen)
+    pos = torch.tensor(lens, device=DEV).int() - 1
+    req = torch.arange(64, device=DEV).int()
+    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, 4, fmt.TOPK, gen)
+    q = (torch.randn(64, 64, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+
+    def attend(*args):
+        return kernels.sparse_decode(*args, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out=torch.full_like(args[0], float("nan")))
+
+    groups = [torch.tensor([r], device=DEV) for r in range(0, 64, 9)] + [torch.arange(7, device=DEV) * 9,
+                                                                          torch.arange(32, device=DEV)]
+    _alone_vs_together(attend, (q, cache, block_ids, block_table, req, pos), groups)
+
+
 def test_write_kv_bit_identical_on_gpu():
     gen = torch.Generator(device=DEV).manual_seed(3)
     cache = fmt.alloc_cache(96, 4, device=DEV).random_(0, 256, generator=gen)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from problems import all_block_ids, dense_attention_f64, make_problem, random_block_ids
+from problems import all_block_ids, assert_batch_invariant, dense_attention_f64, make_problem, random_block_ids
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.reference import sparse_prefill_reference
 
@@ -161,3 +161,30 @@ def test_keys_nobody_sees_may_hold_nan_codes():
     out = run(p, block_ids)
     assert torch.isfinite(out.float()).all()
     assert torch.equal(out, base)
+
+
+@pytest.mark.parametrize("mode", ["kernel", "ideal"])
+def test_outputs_do_not_depend_on_the_other_tokens_of_the_call(mode):
+    """Batch invariance: every request alone, a lone decode-like token and a two-request subset give the rows
+    they get in the whole call. Extends of 150/130/90 tokens put request boundaries inside the reference's
+    64-token chunks; random selections list blocks in random slot order, with repeats and -1. (The
+    reference of 2026-11-30, which scored 128-token chunks against the union of their pages, moved these
+    rows by up to 1.2e-4 in kernel mode.)"""
+    p = make_problem(3, [2000, 1500, 900], [150, 130, 90], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=2.0)
+    block_ids = random_block_ids(p, seed=5, dup_prob=0.3)
+    reqs = [torch.nonzero(p.req == r)[:, 0] for r in range(3)]
+    groups = [*reqs, reqs[1][-1:], torch.cat([reqs[2], reqs[0]])]
+
+    def attend(*args):
+        return sparse_prefill_reference(*args, mode=mode)
+
+    assert_batch_invariant(attend, p, block_ids, groups)
+
+
+def test_padding_the_selection_width_changes_nothing():
+    """A dense layer's selection is as wide as the batch's longest request: extra -1 columns must not move a
+    token's output (the same request batched with a longer one)."""
+    p = make_problem(22, [700, 390], [30, 9], num_heads=16, num_kv_heads=1)
+    block_ids = random_block_ids(p, seed=6)
+    wider = torch.cat([block_ids, torch.full_like(block_ids, -1)], dim=2)
+    assert torch.equal(run(p, block_ids), run(p, wider))

@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from problems import make_problem, random_block_ids
+from problems import assert_batch_invariant, make_problem, random_block_ids
 from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 23  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 25  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -96,6 +96,33 @@ if INTERPRETED:
         assert not out.isnan().any()
         assert torch.all(out[4] == 0)
         assert rel_err(out, want) < 3e-4
+
+    def test_prefill_is_batch_invariant():
+        """Tiles of 4 tokens span requests (extends of 21/14/6) and, alone, a request's tokens fall into other
+        tiles: a token's output must not move. Random slot orders make tile-mates list shared blocks in
+        different orders (before the union was sorted by block, that reordered a token's pages)."""
+        p = share_first_page(make_problem(47, [700, 390, 129], [21, 14, 6], num_heads=16, num_kv_heads=2))
+        block_ids = random_block_ids(p, seed=8, dup_prob=0.3)
+        reqs = [torch.nonzero(p.req == r)[:, 0] for r in range(3)]
+        # KV head 1: request 0's tokens all select token 0's blocks, each in a slot order of its own
+        block_ids[1, reqs[0]] = torch.stack([torch.roll(block_ids[1, 0], int(t)) for t in reqs[0]])
+        config = triton_prefill.PrefillConfig(4, 4, 1)
+
+        def attend(*args):
+            return triton_prefill.launch(*args, poisoned(args[0]), config=config)
+
+        assert_batch_invariant(attend, p, block_ids, [*reqs, reqs[0][5:], torch.cat([reqs[2], reqs[1]])])
+
+    def test_decode_is_batch_invariant():
+        """The split count is fixed, so a token decoded alone or with 4 others gives the same bits."""
+        p = share_first_page(make_problem(48, [900, 1300, 129, 257, 40], [1] * 5, num_heads=16, num_kv_heads=2,
+                                          dtype=torch.float32))
+        block_ids = random_block_ids(p, seed=9, dup_prob=0.5)
+
+        def attend(*args):
+            return triton_decode.launch(*args, poisoned(args[0]))
+
+        assert_batch_invariant(attend, p, block_ids, [torch.tensor([t]) for t in range(5)] + [torch.tensor([3, 1])])
 
     def test_dispatcher_serves_triton_with_tensor_scales_and_strided_q(forced_triton):
         p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,

@@ -5,11 +5,13 @@
 Decode reads each selected page once per (token, KV head), so the aim is bytes in flight: one
 program per (token, KV head, split) holds the ``GROUP`` query heads (padded to 16) and walks its
 share of the token's deduplicated selection (split ``s`` takes the ``s``-th, ``s + SPLITS``-th, ...
-kept block). The products are transposed, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``: keys and dims sit
+kept block). ``SPLITS`` is the same for every batch (:data:`DECODE_SPLITS`): a token's partial sums, and
+so its output, do not depend on how many other requests share the batch (batch invariance), and the
+kernel compiles once for all batch sizes. The products are transposed, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``: keys and dims sit
 on the matrix unit's M side (128 rows, Hopper's wgmma) and the heads on N, so the decoded tiles are
 used from registers and only ``Q^T`` and the small ``P^T`` pass through shared memory.
-With ``SPLITS > 1`` (small batches that would leave most multiprocessors idle) each program writes
-its partial ``(acc, max, sum)`` and ``_combine_splits_kernel`` merges them. The softmax step and the
+With ``SPLITS > 1`` each program writes its partial ``(acc, max, sum)`` and ``_combine_splits_kernel``
+merges them in split order (a split with no block adds exact zeros). The softmax step and the
 final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
 """
 
@@ -37,16 +39,9 @@ MIN_DOT_ROWS = 16  # tl.dot needs at least 16 rows
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 DECODE_MAX_REGISTERS = 168  # NVIDIA: 3 programs per multiprocessor instead of 2, without spills (Triton 3.6)
-
-
-def default_splits(num_tokens: int, num_kv_heads: int, width: int, device: torch.device) -> int:
-    """Splits per (token, KV head): enough programs for about two per multiprocessor, at most one
-    selected block per program."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(2 * sms, max(1, num_tokens * num_kv_heads))
-    return min(triton.next_power_of_2(want), triton.next_power_of_2(width))
+# Splits per (token, KV head), whatever the batch size (batch invariance; one compile for all batch sizes).
+# Swept on the H200 at 32K context, batch 1-256 (bench/results/kernels_h200.md, 2026-12-01).
+DECODE_SPLITS = 4
 
 
 @triton.jit
@@ -142,7 +137,7 @@ def _combine_splits_kernel(
                         rows < GROUP)
 
 
-def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int = DECODE_SPLITS,
            num_warps: int = DECODE_NUM_WARPS, num_stages: int = DECODE_NUM_STAGES,
            max_registers: int | None = DECODE_MAX_REGISTERS):
     """Sparse decode (:func:`sglang_nvfp4.kernels.sparse_decode`): launch the decode kernel (and the
@@ -151,7 +146,7 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     ``q``, ``out``: ``[T, H, 128]`` (bf16/fp16/fp32) with unit stride in the last dim, one token per
     row; ``cache``, ``block_ids`` (int32 ``[Hkv, T, K]``), ``block_table``, ``req``, ``pos`` and the scales
     as for :func:`.triton_prefill.launch`; ``splits``: programs per (token, KV head), a power of two
-    (default :func:`default_splits`); ``max_registers``: register cap per thread on NVIDIA (None: no
+    (the benchmark's knob; any fixed value keeps the output batch-invariant); ``max_registers``: register cap per thread on NVIDIA (None: no
     cap). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
@@ -159,8 +154,7 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     if t == 0:
         return out
     width = block_ids.shape[2]
-    splits = splits or default_splits(t, hkv, width, q.device)
-    if splits & (splits - 1):
+    if splits < 1 or splits & (splits - 1):
         raise ValueError(f"splits must be a power of two, got {splits}")
     rows = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
     if splits > 1:

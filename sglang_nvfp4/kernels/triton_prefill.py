@@ -7,14 +7,18 @@ split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV h
 
 1. ``_plan_tiles_kernel`` (one program per tile and KV head): gathers the tile's selected blocks,
    drops ``-1`` ids and blocks that start after the selecting token's position, deduplicates the
-   ``(page, block)`` pairs and writes the tile's union as three int32 lists plus its length: the
-   page, the logical block (key positions are ``128 * block + j``) and a bitmask of the tile's
-   tokens that selected it.
+   ``(page, block)`` pairs and writes the tile's union, ordered by ``(block, page)``, as three int32
+   lists plus its length: the page, the logical block (key positions are ``128 * block + j``) and a
+   bitmask of the tile's tokens that selected it.
 2. ``_sparse_prefill_kernel`` (one program per tile and KV head, deepest tiles first): for each
    union entry it decodes the page's K and V^T tiles once (:mod:`.triton_common`), computes
    ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past each
    token's position, and takes an online-softmax step in exp2 (``online_softmax_step``) with ``P``
    rounded to fp16 before ``P.V``. Rows that see no key write 0 (``normalize_and_store``).
+
+Batch invariance: a page that a row did not select is an exact no-op for that row (``alpha = 1``,
+``p = 0``), and the union's ``(block, page)`` order visits every row's own pages in ascending block
+order whoever shares its tile. So a token's output does not depend on the other tokens of the call.
 
 Every union entry costs a page decode and a full ``M x 128 x 128`` pair of products, so the tile size
 trades the decode shared by the tile's tokens against products spent on rows that did not select a
@@ -92,7 +96,10 @@ def _plan_tiles_kernel(
     same = same & selected[:, None] & selected[None, :]
     earlier = entry[None, :] < entry[:, None]
     first = selected & (tl.max((same & earlier).to(tl.int32), axis=1) == 0)
-    rank = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    # The union in (block, page) order: a token's own pages come in ascending block order whatever its
+    # tile-mates selected (batch invariance; see the module docstring).
+    before = (block[None, :] < block[:, None]) | ((block[None, :] == block[:, None]) & (page[None, :] < page[:, None]))
+    rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
     # members[i]: bit b set when token b of the tile selected entry i's (page, block).
     by_token = tl.reshape(same.to(tl.int32), (WIDTH, BLOCK_T, K_POW2))
     picked = tl.max(by_token, axis=2)  # [WIDTH, BLOCK_T]
