@@ -548,8 +548,9 @@ def main():
     if "prefill" not in args.skip:
         run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out, fi)
     save(results, args.out)
-    plot(results, os.path.join(args.out, "kernels_h200.png"))
-    log(f"wrote {args.out}/kernels_h200.json and .png")
+    if results["prefill"] or results["decode"]:
+        plot(results, os.path.join(args.out, "kernels_h200.png"))
+    log(f"wrote {args.out}/kernels_h200.json" + (" and .png" if results["prefill"] or results["decode"] else ""))
     summary(results)
 
 
