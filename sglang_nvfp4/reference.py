@@ -31,9 +31,9 @@ accumulation); ``out = (P.V) * (v_scale / l)``, cast to q's dtype. Kernels using
 round ``p`` against a running max, so they match this within fp16 rounding, not bitwise.
 
 Batch invariance: a token's output depends on its own query, selection and keys only, never on which
-other tokens share the call. The reference computes each token over its own distinct blocks in ascending
-order, one block at a time (the sums over blocks run in that order), with the same arithmetic whatever
-the other tokens, their number or the selection width ``K``.
+other tokens share the call. The reference works page by page (products over one page's 128 keys), and
+sums over pages in ascending page order, in which a token's own pages keep their order whatever the other
+tokens select; pages it did not select add exact zeros.
 ``mode="ideal"`` computes the same function in float64 with no intermediate rounding (K/V fully
 dequantized), for accuracy measurement.
 """
@@ -158,58 +158,46 @@ def sparse_prefill_reference(
         c = sm_scale * LOG2E * float(fmt.global_scale(k_scale, name="k_scale"))
         v_gs = float(fmt.global_scale(v_scale, name="v_scale"))
 
-    # Each token's distinct selected blocks, ascending, then -1: the order of its sums over blocks.
-    kept = _distinct_ascending(blocks)  # [Hkv, T, K]
-    kept_slot = torch.gather(torch.where(valid, slot, -1), 2, _position_of(blocks, kept))
     offsets = torch.arange(fmt.PAGE_SIZE, device=q.device)
     for kvh in range(hkv):
         heads = slice(kvh * group, (kvh + 1) * group)
         for start in range(0, t_all, _TOKENS_PER_CHUNK):
             tok = slice(start, min(start + _TOKENS_PER_CHUNK, t_all))
-            out[tok, heads] = _attend_own_blocks(qf[tok, heads], kept[kvh, tok], kept_slot[kvh, tok], pos[tok].long(),
-                                                 k_all[:, kvh], v_all[:, kvh], c, v_gs, ideal, offsets).to(out.dtype)
+            out[tok, heads] = _attend_chunk(qf[tok, heads], slot[kvh, tok], blocks[kvh, tok], pos[tok].long(),
+                                            k_all[:, kvh], v_all[:, kvh], c, v_gs, ideal, offsets).to(out.dtype)
     return out
 
 
-def _distinct_ascending(blocks: torch.Tensor) -> torch.Tensor:
-    """``blocks [..., K]`` (-1 = none) -> the distinct non-negative ids of each row, ascending, then -1."""
-    big = torch.iinfo(torch.int64).max
-    ids = torch.sort(torch.where(blocks >= 0, blocks, big), dim=-1).values
-    repeat = torch.zeros_like(ids, dtype=torch.bool)
-    repeat[..., 1:] = ids[..., 1:] == ids[..., :-1]
-    ids = torch.sort(torch.where(repeat, big, ids), dim=-1).values
-    return torch.where(ids == big, -1, ids)
+def _attend_chunk(q, slot, blocks, pos, k_all, v_all, c, v_gs, ideal, offsets):
+    """``C`` tokens of any requests: ``q [C, G, 128]``, their selections as dequantized-page ``slot`` and
+    logical ``blocks [C, K]`` (-1: none), ``pos [C]``, one KV head's ``k_all``/``v_all [pages, 128, 128]``.
 
-
-def _position_of(blocks: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """For each id of ``kept`` (-1: any), the index of its first occurrence in ``blocks`` (same row)."""
-    match = (kept[..., :, None] == blocks[..., None, :]) & (kept[..., :, None] >= 0)
-    return match.int().argmax(dim=-1)
-
-
-def _attend_own_blocks(q, kept, kept_slot, pos, k_all, v_all, c, v_gs, ideal, offsets):
-    """``C`` tokens, each over its own blocks: ``q [C, G, 128]``, ``kept``/``kept_slot [C, K]`` (block ids
-    ascending then -1, and their dequantized-page slots), ``pos [C]``, one KV head's ``k_all``/``v_all
-    [pages, 128, 128]``. Two passes (the max over all of a token's visible keys, then ``p``, ``l`` and
-    ``P.V`` block by block, summed in block order); blocks a token lacks add exact zeros."""
-    present = kept >= 0
-    slot = kept_slot.clamp(min=0)
-    logits, visible = [], []
-    for j in range(kept.shape[1]):
-        visible.append(present[:, j, None] & (kept[:, j, None] * fmt.PAGE_SIZE + offsets <= pos[:, None]))  # [C, 128]
-        s = torch.bmm(q, k_all[slot[:, j]].transpose(1, 2)) * c  # [C, G, 128], one matrix per token
-        logits.append(s.masked_fill(~visible[j][:, None, :], float("-inf")))
+    The chunk's union of pages is visited in slot order (ascending page), one page at a time: ``Q.K^T`` and
+    ``P.V`` are products over the 128 dims / 128 keys of that page only, and the sums over pages (``l``,
+    ``P.V``) run in union order, in which a token's own pages keep their relative order whatever the other
+    tokens select; a page the token did not select adds exact zeros. So every token's bits are its own."""
+    ok = slot >= 0
+    if not bool(ok.any()):
+        return torch.zeros_like(q)
+    union, member = torch.unique(slot[ok], return_inverse=True)
+    # member_block[t, u]: the logical block under which token t selected union page u (-1: not selected).
+    member_block = torch.full((slot.shape[0], union.numel()), -1, dtype=torch.long, device=q.device)
+    member_block[ok.nonzero()[:, 0], member] = blocks[ok]
+    key_pos = member_block[:, :, None] * fmt.PAGE_SIZE + offsets  # [C, U, 128]
+    visible = (member_block[:, :, None] >= 0) & (key_pos <= pos[:, None, None])  # [C, U, 128]
+    logits = [torch.matmul(q, k_all[u].T) * c for u in union.tolist()]  # U x [C, G, 128]
+    logits = [s.masked_fill(~visible[:, i, None, :], float("-inf")) for i, s in enumerate(logits)]
     m = torch.stack([s.amax(dim=-1) for s in logits]).amax(dim=0)[..., None]  # [C, G, 1]
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     l_sum = torch.zeros_like(m)
     acc = torch.zeros_like(q)
-    for j, s in enumerate(logits):
+    for i, (u, s) in enumerate(zip(union.tolist(), logits)):
         p = torch.exp(s - m) if ideal else torch.exp2(s - m)
         l_sum = l_sum + p.sum(dim=-1, keepdim=True)
         if not ideal:
             p = p.half().float()
-        # Keys the token cannot see may hold any bytes (NaN codes too): keep them out of P.V entirely.
-        v = torch.where(visible[j][:, :, None], v_all[slot[:, j]], 0.0)  # [C, 128 keys, 128 dims]
-        acc = acc + torch.bmm(p, v)
+        # Keys no token of the chunk sees may hold any bytes (NaN codes too): keep them out of P.V entirely.
+        v = torch.where(visible[:, i].any(dim=0)[:, None], v_all[u], 0.0)  # [128 keys, 128 dims]
+        acc = acc + torch.matmul(p, v)
     scale = torch.where(l_sum > 0, v_gs / l_sum, torch.zeros_like(l_sum))
     return acc * scale
