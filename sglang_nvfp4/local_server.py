@@ -86,15 +86,21 @@ def start_process_group(args: list, env: dict, log_file, pgid_file: str | None =
     return process
 
 
-def stop_process_group(process: subprocess.Popen, timeout: float = 60.0) -> int:
-    """SIGTERM the process group that ``process`` leads, wait up to ``timeout`` s, SIGKILL it if the leader
-    lingers; then SIGKILL whatever of the group outlived its leader (SGLang's scheduler or detokenizer
-    processes holding memory). Returns the leader's exit code. A second call only returns it: by then the
-    group id may belong to someone else."""
+def stop_process_group(process: subprocess.Popen, timeout: float = 60.0, *, leader_first: bool = False) -> int:
+    """SIGTERM the process group that ``process`` leads (``leader_first``: the leader alone, which then stops
+    its own children), wait up to ``timeout`` s, SIGKILL the group if the leader lingers; then SIGKILL whatever
+    of the group outlived its leader (SGLang's scheduler or detokenizer processes holding memory). Returns the
+    leader's exit code. A second call only returns it: by then the group id may belong to someone else.
+
+    An SGLang server stops cleanly (exit code 0) on a SIGTERM to itself alone; a SIGTERM to its whole group
+    reaches the scheduler too, whose death makes the server SIGKILL its own process tree (exit code -9)."""
     if getattr(process, "group_stopped", False):
         return process.returncode
     if process.poll() is None:
-        _signal_group(process.pid, signal.SIGTERM)
+        if leader_first:
+            process.send_signal(signal.SIGTERM)
+        else:
+            _signal_group(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -151,10 +157,11 @@ class LocalServer:
         raise TimeoutError(f"server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 60.0) -> int | None:
-        """Stop the server's process group (:func:`stop_process_group`); returns the exit code."""
+        """Stop the server (SIGTERM to it alone, then its process group: :func:`stop_process_group`);
+        returns the exit code, 0 for a clean stop."""
         if self.process is None:
             return None
-        return stop_process_group(self.process, timeout)
+        return stop_process_group(self.process, timeout, leader_first=True)
 
     def log_tail(self, chars: int = 4000) -> str:
         with open(self.log_path, "rb") as f:

@@ -45,7 +45,7 @@ def sparse_server(model_dir):
     srv = LocalServer(model_dir, "nvfp4_sparse", extra_args=SERVER_ARGS)
     srv.start()
     yield srv
-    assert srv.stop() is not None
+    assert srv.stop() == 0  # SIGTERM to the server alone: SGLang drains and exits cleanly
     log = srv.log_tail(200_000)
     assert "Traceback" not in log, log[-4000:]
 
