@@ -112,6 +112,10 @@ def summarize(results: dict) -> dict:
         summary["offline"] = results["offline"].get("vs_strongest_dense", {})
     if results.get("server", {}).get("agreement"):
         summary["server_agreement"] = results["server"]["agreement"]
+    invariance = {b: v["batch_invariance"] for b, v in results.get("server", {}).items()
+                  if isinstance(v, dict) and "batch_invariance" in v}
+    if invariance:
+        summary["server_batch_invariance"] = invariance
     return summary
 
 

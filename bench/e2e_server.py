@@ -2,13 +2,16 @@
 1 KV head, head_dim 128; decode CUDA graphs on): 8 short prompts (<= 16 blocks, dense-equivalent: first
 greedy token and logprob agreement with every dense backend served, and of the dense backends with each
 other, the noise between dense implementations), one long prompt (more blocks than TOPK), two prompts
-sharing a prefix (radix hit), per-request latency. Results go to ``e2e.json`` under ``server``.
+sharing a prefix (radix hit), per-request latency, and batch invariance: ``INVARIANCE_PROMPTS`` greedy requests
+one at a time, then all at once, each round from an empty radix cache (``batch_invariance``: how many
+continuations came out identical). Results go to ``e2e.json`` under ``server``.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from e2e_summary import server_agreement
 from harness import COMMON_SERVER_ARGS, BenchRun, log
@@ -16,6 +19,7 @@ from harness import COMMON_SERVER_ARGS, BenchRun, log
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text
 
 MIN_SECONDS_LEFT = 150  # a backend's server is started only with this much of the budget left
+INVARIANCE_PROMPTS, INVARIANCE_TOKENS = 12, 128
 
 
 def _prompts() -> list[tuple[str, str]]:
@@ -50,11 +54,33 @@ def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict
                              "logprobs": [t[0] for t in meta["output_token_logprobs"]]})
                 log(f"  {backend} {name}: {meta['prompt_tokens']} tokens, cached {meta['cached_tokens']}, "
                     f"{rows[-1]['latency_s']:.3f} s")
+            entry["batch_invariance"] = _alone_vs_together(srv, bench)
             server_log = srv.log_tail(10_000_000)
         entry["decode_cuda_graph"] = "Capture cuda graph" in server_log or "capture" in server_log.lower()
     except Exception as e:  # keep what this backend answered; the failure is recorded
         entry.update(error=repr(e)[:3000], requests=rows)
         log(f"server {backend} failed: {e!r}"[:500])
+
+
+def _alone_vs_together(srv, bench: BenchRun) -> dict:
+    """The same greedy requests one at a time and then all at once, each round from an empty radix cache."""
+    rng = random.Random(1)
+    prompts = [random_text(rng, rng.randint(600, 3000)) for _ in range(INVARIANCE_PROMPTS)]
+
+    def answer(text):
+        r = srv.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": INVARIANCE_TOKENS,
+                                                                      "temperature": 0.0}},
+                     timeout=bench.capped(120.0, floor=10.0))
+        return r["text"]
+
+    srv.post("/flush_cache", {})
+    alone = [answer(p) for p in prompts]
+    srv.post("/flush_cache", {})
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(answer, prompts))
+    same = sum(a == b for a, b in zip(alone, together))
+    log(f"  batch invariance: {same}/{len(prompts)} continuations identical alone and together")
+    return {"identical": same, "requests": len(prompts), "new_tokens": INVARIANCE_TOKENS}
 
 
 def run_step(bench: BenchRun, backends: list) -> None:

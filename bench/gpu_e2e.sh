@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the H200 host (repository root, `carry: [".gpu"]`): SGLang end to end,
-# nvfp4_sparse vs triton (and torch_native in one_batch) through bench/bench_e2e.py. e2e.json,
+# nvfp4_sparse vs flashinfer, triton (and torch_native in one_batch) through bench/bench_e2e.py. e2e.json,
 # e2e.png, log.txt and logs.tgz (every server / one_batch / offline log and raw result file) land in
 # $OUT: 4 files, under the device tool's 8-file limit.
 #   bash bench/gpu_e2e.sh [bench_e2e.py args...]      (bench_e2e.py stops itself at --budget-s, default 520 s)

@@ -152,10 +152,11 @@ if INTERPRETED:
         p = make_problem(73, [700, 300], [12, 5], num_heads=16, num_kv_heads=2, dtype=torch.float32)
         shared = all_visible_blocks(p.pos, p.block_table.shape[1]).expand(2, -1, -1)
         want = sparse_prefill_reference(*args_of(p, shared.contiguous()))
-        for kind in ("prefill", "decode"):
+        # decode's splits round P against each split's own running max: the decode tests' tolerance
+        for kind, tolerance in (("prefill", 2e-4), ("decode", 3e-4)):
             plan = kernels.plan_attention(kind, p.block_table, p.req, p.pos, num_kv_heads=2)
             out = plan.run(p.q, p.cache, shared, p.k_scale, p.v_scale, p.sm_scale, out=poisoned(p.q))
-            assert rel_err(out, want) < 2e-4
+            assert rel_err(out, want) < tolerance, kind
 
     def test_keys_nobody_sees_may_hold_nan_codes(forced_triton):
         p = make_problem(72, [300, 200], [14, 7], num_heads=16, num_kv_heads=2, dtype=torch.float32)
