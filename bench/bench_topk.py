@@ -9,8 +9,8 @@ Ours: :func:`sglang_nvfp4.kernels.triton_indexer.select_top_blocks` (scores, for
 ascending sort in one pass over the blocks). The materialized variants compute the fp32 scores
 ``[Hkv, T, blocks]`` with one matmul, apply the same rule (:func:`sglang_nvfp4.indexer.rules.forced_blocks`,
 visibility), take the top 16 and sort the ids; ``materialized_without_topk`` does all of that but picks the
-first 16 columns instead of ranking, a lower bound for any top-k kernel on materialized scores. Each variant: CUDA-graph median ms, and the share of
-(token, KV head) rows whose block set equals ours. FlashInfer's top-k module is used only when it is
+first 16 columns instead of ranking, a lower bound for any top-k kernel on materialized scores. Each
+variant: CUDA-graph median ms, and the share of (token, KV head) rows whose block set equals ours. FlashInfer's top-k module is used only when it is
 already compiled (prebuilt, or in FlashInfer's JIT cache): its build is not timed here
 (``flashinfer_topk`` in the JSON says which). Writes ``DIR/topk.json``.
 """

@@ -29,13 +29,14 @@ dequantized to fp16 *without* their global scales (``e2m1 * e4m3`` is exact in f
 ``p = exp2(S*c - max)``, ``l = sum(p)`` in fp32; ``p`` is rounded to fp16 before ``P.V`` (fp32
 accumulation); ``out = (P.V) * (v_scale / l)``, cast to q's dtype. Kernels using an online softmax
 round ``p`` against a running max, so they match this within fp16 rounding, not bitwise.
+``mode="ideal"`` computes the same function in float64 with no intermediate rounding (K/V fully
+dequantized), for accuracy measurement.
 
 Batch invariance: a token's output depends on its own query, selection and keys only, never on which
 other tokens share the call. The reference works page by page (products over one page's 128 keys), and
 sums over pages in ascending page order, in which a token's own pages keep their order whatever the other
-tokens select; pages it did not select add exact zeros.
-``mode="ideal"`` computes the same function in float64 with no intermediate rounding (K/V fully
-dequantized), for accuracy measurement.
+tokens select; pages it did not select add exact zeros. Kernels keep the same property (their tests
+check a request alone against the same request batched with others).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from . import format as fmt
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOG2E = math.log2(math.e)  # kernels run the softmax in exp2: logits are pre-scaled by sm_scale * LOG2E
-_TOKENS_PER_CHUNK = 64  # tokens computed together on CPU (each over its own blocks only)
+_TOKENS_PER_CHUNK = 64  # tokens computed together on CPU (their pages visited one at a time)
 
 
 def check_queries(q: torch.Tensor, num_kv_heads: int, name: str = "q") -> tuple[int, int]:

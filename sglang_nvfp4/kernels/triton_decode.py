@@ -7,9 +7,10 @@ program per (token, KV head, split) holds the ``GROUP`` query heads (padded to 1
 share of the token's deduplicated selection (split ``s`` takes the ``s``-th, ``s + SPLITS``-th, ...
 kept block). ``SPLITS`` is the same for every batch (:data:`DECODE_SPLITS`): a token's partial sums, and
 so its output, do not depend on how many other requests share the batch (batch invariance), and the
-kernel compiles once for all batch sizes. The products are transposed, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``: keys and dims sit
-on the matrix unit's M side (128 rows, Hopper's wgmma) and the heads on N, so the decoded tiles are
-used from registers and only ``Q^T`` and the small ``P^T`` pass through shared memory.
+kernel compiles once for all batch sizes. The products are transposed, ``S^T = K.Q^T`` and
+``O^T += V^T.P^T``: keys and dims sit on the matrix unit's M side (128 rows, Hopper's wgmma) and the
+heads on N, so the decoded tiles are used from registers and only ``Q^T`` and the small ``P^T`` pass
+through shared memory.
 With ``SPLITS > 1`` each program writes its partial ``(acc, max, sum)`` and ``_combine_splits_kernel``
 merges them in split order (a split with no block adds exact zeros). The softmax step and the
 final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
@@ -146,8 +147,8 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     ``q``, ``out``: ``[T, H, 128]`` (bf16/fp16/fp32) with unit stride in the last dim, one token per
     row; ``cache``, ``block_ids`` (int32 ``[Hkv, T, K]``), ``block_table``, ``req``, ``pos`` and the scales
     as for :func:`.triton_prefill.launch`; ``splits``: programs per (token, KV head), a power of two
-    (the benchmark's knob; any fixed value keeps the output batch-invariant); ``max_registers``: register cap per thread on NVIDIA (None: no
-    cap). Returns ``out``."""
+    (the benchmark's knob; any fixed value keeps the output batch-invariant); ``max_registers``: register
+    cap per thread on NVIDIA (None: no cap). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv

@@ -98,7 +98,8 @@ def _plan_tiles_kernel(
     first = selected & (tl.max((same & earlier).to(tl.int32), axis=1) == 0)
     # The union in (block, page) order: a token's own pages come in ascending block order whatever its
     # tile-mates selected (batch invariance; see the module docstring).
-    before = (block[None, :] < block[:, None]) | ((block[None, :] == block[:, None]) & (page[None, :] < page[:, None]))
+    before = (block[None, :] < block[:, None]) | \
+             ((block[None, :] == block[:, None]) & (page[None, :] < page[:, None]))
     rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
     # members[i]: bit b set when token b of the tile selected entry i's (page, block).
     by_token = tl.reshape(same.to(tl.int32), (WIDTH, BLOCK_T, K_POW2))
