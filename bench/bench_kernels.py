@@ -36,6 +36,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 import torch
 import triton
@@ -394,8 +395,6 @@ def run_split_sweep(results, out):
     """Decode time per fixed split count and batch size at ``SWEEP_T`` context: the data behind
     ``triton_decode.DECODE_SPLITS`` (one value for every batch size keeps decode batch-invariant).
     Also the first call's wall time per split count (the Triton compile, on a cold cache)."""
-    import time
-
     for batch in SPLIT_SWEEP_BATCH:
         gen = torch.Generator(device=DEV).manual_seed(batch)
         args = decode_problem(batch, SWEEP_T, gen)

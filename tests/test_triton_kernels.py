@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from problems import assert_batch_invariant, make_problem, random_block_ids
+from problems import assert_batch_invariant, call_args, make_problem, random_block_ids
 from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
@@ -40,10 +40,6 @@ def share_first_page(p):
     """Request 1 reuses request 0's first page for its block 0 (a shared prefix page)."""
     p.block_table[1, 0] = p.block_table[0, 0]
     return p
-
-
-def args_of(p, block_ids):
-    return (p.q, p.cache, block_ids, p.block_table, p.req, p.pos, p.k_scale, p.v_scale, p.sm_scale)
 
 
 if INTERPRETED:
@@ -76,9 +72,9 @@ if INTERPRETED:
                                           num_kv_heads=kv_heads, k_scale=0.5, v_scale=2.0, dtype=dtype))
         block_ids = random_block_ids(p, seed=tokens_per_tile, dup_prob=0.3)
         block_ids[:, 3] = -1  # a token that selected nothing
-        want = sparse_prefill_reference(*args_of(p, block_ids))
+        want = sparse_prefill_reference(*call_args(p, block_ids))
         out = poisoned(p.q)
-        triton_prefill.launch(*args_of(p, block_ids), out, config=triton_prefill.PrefillConfig(tokens_per_tile, 4, 1))
+        triton_prefill.launch(*call_args(p, block_ids), out, config=triton_prefill.PrefillConfig(tokens_per_tile, 4, 1))
         assert not out.isnan().any()
         assert torch.all(out[3] == 0)
         tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
@@ -90,9 +86,9 @@ if INTERPRETED:
                                           num_kv_heads=kv_heads, k_scale=2.0, v_scale=0.25, dtype=torch.float32))
         block_ids = random_block_ids(p, seed=splits, dup_prob=0.5)
         block_ids[:, 4] = -1
-        want = sparse_prefill_reference(*args_of(p, block_ids))
+        want = sparse_prefill_reference(*call_args(p, block_ids))
         out = poisoned(p.q)
-        triton_decode.launch(*args_of(p, block_ids), out, splits=splits)
+        triton_decode.launch(*call_args(p, block_ids), out, splits=splits)
         assert not out.isnan().any()
         assert torch.all(out[4] == 0)
         assert rel_err(out, want) < 3e-4
@@ -128,7 +124,7 @@ if INTERPRETED:
         p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,
                          dtype=torch.float16)
         block_ids = random_block_ids(p, seed=7)
-        want = sparse_prefill_reference(*args_of(p, block_ids))
+        want = sparse_prefill_reference(*call_args(p, block_ids))
         wide = torch.randn(p.q.shape[0], 16, 256, dtype=p.q.dtype)
         wide[..., :128] = p.q  # q as a strided view, as when sliced out of a fused qkv tensor
         q = wide[..., :128]
@@ -143,15 +139,15 @@ if INTERPRETED:
     def test_any_block_id_width(forced_triton, width):
         p = make_problem(71, [1200], [10], num_heads=16, num_kv_heads=1, dtype=torch.float32)
         block_ids = random_block_ids(p, seed=width, width=width)
-        want = sparse_prefill_reference(*args_of(p, block_ids))
-        assert rel_err(kernels.sparse_prefill(*args_of(p, block_ids)), want) < 2e-4
-        assert rel_err(kernels.sparse_decode(*args_of(p, block_ids)), want) < 2e-4
+        want = sparse_prefill_reference(*call_args(p, block_ids))
+        assert rel_err(kernels.sparse_prefill(*call_args(p, block_ids)), want) < 2e-4
+        assert rel_err(kernels.sparse_decode(*call_args(p, block_ids)), want) < 2e-4
 
     def test_dense_selection_shared_by_the_kv_heads(forced_triton):
         """Dense layers hand the plan one all-visible selection expanded over the KV heads (stride 0)."""
         p = make_problem(73, [700, 300], [12, 5], num_heads=16, num_kv_heads=2, dtype=torch.float32)
         shared = all_visible_blocks(p.pos, p.block_table.shape[1]).expand(2, -1, -1)
-        want = sparse_prefill_reference(*args_of(p, shared.contiguous()))
+        want = sparse_prefill_reference(*call_args(p, shared.contiguous()))
         # decode's splits round P against each split's own running max: the decode tests' tolerance
         for kind, tolerance in (("prefill", 2e-4), ("decode", 3e-4)):
             plan = kernels.plan_attention(kind, p.block_table, p.req, p.pos, num_kv_heads=2)
@@ -161,7 +157,7 @@ if INTERPRETED:
     def test_keys_nobody_sees_may_hold_nan_codes(forced_triton):
         p = make_problem(72, [300, 200], [14, 7], num_heads=16, num_kv_heads=2, dtype=torch.float32)
         block_ids = random_block_ids(p, seed=4)
-        base = kernels.sparse_prefill(*args_of(p, block_ids))
+        base = kernels.sparse_prefill(*call_args(p, block_ids))
         # NaN-coded scales and codes in the unwritten tail of each request's last page
         for r, n in enumerate(p.seq_lens):
             page, tail = int(p.block_table[r, (n - 1) // 128]), n % 128
@@ -169,7 +165,7 @@ if INTERPRETED:
             token_of_scale = torch.arange(128)[:, None] % 16 * 8 + torch.arange(8)[None, :]
             p.cache[page, 2:, :, 64:] = torch.where(token_of_scale >= tail, 0x7F, p.cache[page, 2:, :, 64:]).to(torch.uint8)
         for fn in (kernels.sparse_prefill, kernels.sparse_decode):
-            out = fn(*args_of(p, block_ids))
+            out = fn(*call_args(p, block_ids))
             assert torch.isfinite(out).all()
             assert rel_err(out, base) < 2e-4
 
@@ -179,7 +175,7 @@ if INTERPRETED:
         block_ids = torch.full((1, 24, 16), -1, dtype=torch.int32)
         block_ids[0, ::2, 0] = 3  # a later block: nothing visible
         for fn in (kernels.sparse_prefill, kernels.sparse_decode):
-            assert torch.equal(fn(*args_of(p, block_ids), out=poisoned(p.q)), torch.zeros_like(p.q))
+            assert torch.equal(fn(*call_args(p, block_ids), out=poisoned(p.q)), torch.zeros_like(p.q))
 
     def _write_inputs(seed, n, hkv, dtype):
         gen = torch.Generator().manual_seed(seed)
