@@ -6,6 +6,8 @@
   padding) and the all-visible selection of dense layers.
 * :mod:`.summary`: the training-free :class:`SummaryIndexer` (per-page key summaries, quest or mean
   scoring), torch on CPU, Triton kernels (:mod:`sglang_nvfp4.kernels.triton_indexer`) on GPUs.
+* :mod:`.learned`: :class:`LearnedIndexer`, selection from a model's own index projections
+  (MiniMax-M3's learned indexer), keeping the model's index keys per token slot.
 
 Evaluation-only code (true attention mass per block, oracle selections) lives in
 :mod:`sglang_nvfp4.quality.block_mass`.
@@ -13,12 +15,16 @@ Evaluation-only code (true attention mass per block, oracle selections) lives in
 
 from .protocol import BlockIndexer, StateBytes
 from .rules import all_visible_blocks, forced_blocks, rank_blocks
+from .learned import IndexKeys, LearnedIndexer, select_blocks_learned
 from .summary import METHODS, BlockSummaries, SummaryIndexer, aggregate_queries, select_blocks
 
 __all__ = [
     "BlockIndexer",
     "StateBytes",
     "SummaryIndexer",
+    "LearnedIndexer",
+    "IndexKeys",
+    "select_blocks_learned",
     "BlockSummaries",
     "METHODS",
     "select_blocks",

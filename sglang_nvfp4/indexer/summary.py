@@ -75,7 +75,7 @@ _PAGES_PER_CHUNK = 256  # pages summarised at once on the torch path
 _SCORES_PER_CHUNK = 1 << 22  # token x block scores per chunk on the torch path
 
 
-def _resolve_impl(impl: str, device: torch.device) -> str:
+def resolve_impl(impl: str, device: torch.device) -> str:
     if impl not in _IMPLS:
         raise ValueError(f"impl: expected one of {_IMPLS}, got {impl!r}")
     if impl == "auto":
@@ -146,7 +146,7 @@ class BlockSummaries:
             return
         if slots.device != self.device:
             raise ValueError(f"slots: on {slots.device}, summaries on {self.device}")
-        if _resolve_impl(impl, self.device) == "triton":
+        if resolve_impl(impl, self.device) == "triton":
             from ..kernels.triton_indexer import summarize_pages
 
             summarize_pages(cache, slots, self._last_row, self.mean, self.bounds, self.fill)
@@ -230,7 +230,7 @@ def select_blocks(
     the kernel contract; scoring is in the module docstring, the rule in :mod:`.rules`. ``impl``: ``"auto"`` (torch on CPU,
     Triton elsewhere), ``"torch"`` or ``"triton"``."""
     t, hkv = _validate_select(q, summaries, block_table, req, pos, topk, sink_blocks, local_blocks, method)
-    impl = _resolve_impl(impl, q.device)
+    impl = resolve_impl(impl, q.device)
     if t == 0:
         return torch.empty(hkv, 0, topk, dtype=torch.int32, device=q.device)
     queries = aggregate_queries(q, hkv, method)

@@ -83,6 +83,66 @@ def summarize_pages(cache: torch.Tensor, slots: torch.Tensor, last_row: torch.Te
 
 
 @triton.jit
+def _ranked_scores(score, block, own, active, sink_blocks, local_blocks):
+    """The selection rule (:mod:`sglang_nvfp4.indexer.rules`) on a step of scores ``[ROWS, BLOCKS]``:
+    NaN ranks as -FLT_MAX and +-inf as +-FLT_MAX, forced blocks as +inf, invisible ones as -inf."""
+    score = tl.where(score != score, -_FLT_MAX, tl.minimum(tl.maximum(score, -_FLT_MAX), _FLT_MAX))
+    visible = active[:, None] & (block[None, :] <= own[:, None])
+    forced = (block[None, :] == own[:, None]) | (block[None, :] < sink_blocks) | \
+             (block[None, :] >= own[:, None] - local_blocks)
+    return tl.where(visible, tl.where(forced, float("inf"), score), -float("inf"))
+
+
+@triton.jit
+def _empty_top_k(ROWS: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr):
+    """A running top-k of ``ROWS`` rows with no entry: scores and ids ``[ROWS, KPAD]``."""
+    slot = tl.arange(0, KPAD)[None, :]
+    real_slot = slot < TOPK
+    best_score = tl.where(real_slot, -float("inf"), float("inf")) + tl.zeros((ROWS, KPAD), tl.float32)
+    best_id = tl.where(real_slot, _EMPTY_ID + slot, _PAD_ID) + tl.zeros((ROWS, KPAD), tl.int32)
+    return best_score, best_id
+
+
+@triton.jit
+def _merge_top_k(score, block, best_score, best_id, TOPK: tl.constexpr, KPAD: tl.constexpr):
+    """Merge ranked scores of ``block [BLOCKS]`` into each row's running top-k: while a candidate ranks
+    above the row's current worst (score desc, then id asc), it takes the worst's slot."""
+    real_slot = tl.arange(0, KPAD)[None, :] < TOPK
+    worst = tl.min(tl.where(real_slot, best_score, float("inf")), axis=1)
+    may_enter = (score >= worst[:, None]) & (score > -float("inf"))
+    if tl.sum(may_enter.to(tl.int32)) > 0:
+        for _ in range(TOPK):
+            top = tl.max(score, axis=1)
+            top_id = tl.min(tl.where(score == top[:, None], block[None, :], _PAD_ID), axis=1)
+            worst = tl.min(tl.where(real_slot, best_score, float("inf")), axis=1)
+            worst_id = tl.max(tl.where(real_slot & (best_score == worst[:, None]), best_id, -1), axis=1)
+            enters = (top > -float("inf")) & ((top > worst) | ((top == worst) & (top_id < worst_id)))
+            replace = enters[:, None] & (best_id == worst_id[:, None])
+            best_score = tl.where(replace, top[:, None], best_score)
+            best_id = tl.where(replace, top_id[:, None], best_id)
+            score = tl.where(block[None, :] == top_id[:, None], -float("inf"), score)
+    return best_score, best_id
+
+
+@triton.jit
+def _store_top_k(best_id, out_ptr, row_ok, TOPK: tl.constexpr, KPAD: tl.constexpr):
+    """Store each row's ids ascending, then -1, at ``out_ptr [ROWS]`` (row starts) + slot."""
+    slot = tl.arange(0, KPAD)[None, :]
+    ids = tl.sort(best_id, dim=1)  # selected ids ascending, then empty slots, then padding
+    ids = tl.where(ids >= _EMPTY_ID, -1, ids)
+    tl.store(out_ptr[:, None] + slot, ids, mask=row_ok[:, None] & (slot < TOPK))
+
+
+@triton.jit
+def _tile_passes(req, in_range, tokens_in_tile):
+    """A token tile whose rows belong to one request is done in one pass; otherwise one pass per token."""
+    req_lo = tl.min(tl.where(in_range, req, 2147483647), axis=0)
+    req_hi = tl.max(tl.where(in_range, req, -1), axis=0)
+    one_request = req_lo == req_hi
+    return one_request, tl.where(one_request, 1, tokens_in_tile)
+
+
+@triton.jit
 def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, block_ids_ptr,
                    num_tokens, stride_br, stride_bs, sink_blocks, local_blocks,
                    HKV: tl.constexpr, DQ: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
@@ -97,16 +157,8 @@ def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, blo
     dims = tl.arange(0, DQ)
     q = tl.load(queries_ptr + (tok[:, None].to(tl.int64) * HKV + h) * DQ + dims[None, :],
                 mask=in_range[:, None], other=0.0)
-
-    slot = tl.arange(0, KPAD)[None, :]
-    real_slot = slot < TOPK
-    best_score = tl.where(real_slot, -float("inf"), float("inf")) + tl.zeros((TOKENS, KPAD), tl.float32)
-    best_id = tl.where(real_slot, _EMPTY_ID + slot, _PAD_ID) + tl.zeros((TOKENS, KPAD), tl.int32)
-
-    req_lo = tl.min(tl.where(in_range, req, 2147483647), axis=0)
-    req_hi = tl.max(tl.where(in_range, req, -1), axis=0)
-    one_request = req_lo == req_hi
-    passes = tl.where(one_request, 1, tl.sum(in_range.to(tl.int32), axis=0))
+    best_score, best_id = _empty_top_k(TOKENS, TOPK, KPAD)
+    one_request, passes = _tile_passes(req, in_range, tl.sum(in_range.to(tl.int32), axis=0))
     for p in range(0, passes):
         active = in_range & (one_request | (lane == p))
         r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
@@ -121,29 +173,9 @@ def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, blo
                                    (1, BLOCKS))
             else:
                 score = tl.dot(q, keys)  # fp32 [TOKENS, BLOCKS]
-            score = tl.where(score != score, -_FLT_MAX, tl.minimum(tl.maximum(score, -_FLT_MAX), _FLT_MAX))
-            visible = active[:, None] & (block[None, :] <= own[:, None])
-            forced = (block[None, :] == own[:, None]) | (block[None, :] < sink_blocks) | \
-                     (block[None, :] >= own[:, None] - local_blocks)
-            score = tl.where(visible, tl.where(forced, float("inf"), score), -float("inf"))
-            worst = tl.min(tl.where(real_slot, best_score, float("inf")), axis=1)
-            may_enter = (score >= worst[:, None]) & (score > -float("inf"))
-            if tl.sum(may_enter.to(tl.int32)) > 0:
-                for _ in range(TOPK):
-                    top = tl.max(score, axis=1)
-                    top_id = tl.min(tl.where(score == top[:, None], block[None, :], _PAD_ID), axis=1)
-                    worst = tl.min(tl.where(real_slot, best_score, float("inf")), axis=1)
-                    worst_id = tl.max(tl.where(real_slot & (best_score == worst[:, None]), best_id, -1), axis=1)
-                    enters = (top > -float("inf")) & ((top > worst) | ((top == worst) & (top_id < worst_id)))
-                    replace = enters[:, None] & (best_id == worst_id[:, None])
-                    best_score = tl.where(replace, top[:, None], best_score)
-                    best_id = tl.where(replace, top_id[:, None], best_id)
-                    score = tl.where(block[None, :] == top_id[:, None], -float("inf"), score)
-
-    ids = tl.sort(best_id, dim=1)  # selected ids ascending, then empty slots, then padding
-    ids = tl.where(ids >= _EMPTY_ID, -1, ids)
-    out = block_ids_ptr + (h * num_tokens + tok[:, None].to(tl.int64)) * TOPK + slot
-    tl.store(out, ids, mask=in_range[:, None] & real_slot)
+            score = _ranked_scores(score, block, own, active, sink_blocks, local_blocks)
+            best_score, best_id = _merge_top_k(score, block, best_score, best_id, TOPK, KPAD)
+    _store_top_k(best_id, block_ids_ptr + (h * num_tokens + tok.to(tl.int64)) * TOPK, in_range, TOPK, KPAD)
 
 
 def select_top_blocks(queries: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
@@ -173,4 +205,111 @@ def select_top_blocks(queries: torch.Tensor, keys: torch.Tensor, block_table: to
         HKV=hkv, DQ=dq, TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens_per_tile, BLOCKS=blocks_per_step,
         num_warps=num_warps,
     )
+    return block_ids
+
+
+# ---- the learned indexer (MiniMax-M3): index-key scores per block, then the same top-k ----------------
+LEARNED_SCORE_BYTES = 1 << 28  # fp32 block scores held at once; longer prefills are scored in token chunks
+
+
+@triton.jit
+def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
+                           num_tokens, num_cols, stride_br, stride_bs,
+                           HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
+                           ROWS: tl.constexpr, BLOCKS: tl.constexpr):
+    """Program (token tile, group of BLOCKS blocks): rows are (token, index head) pairs sharing the index
+    keys; per block ``S = idx_q . idx_k^T`` on the tensor cores, keys past the row's position masked,
+    the max over the block's 128 keys written to ``scores [HEADS, T, num_cols]`` (visible blocks only)."""
+    tile = tl.program_id(0)
+    first = tl.program_id(1) * BLOCKS
+    row = tl.arange(0, ROWS)
+    lane = row // HP
+    head = row % HP
+    tok = tile * TOKENS + lane
+    in_range = (lane < TOKENS) & (head < HEADS) & (tok < num_tokens)
+    req = tl.load(req_ptr + tok, mask=in_range, other=0)
+    pos = tl.load(pos_ptr + tok, mask=in_range, other=0)
+    own = pos // PAGE
+    if first <= tl.max(tl.where(in_range, own, -1), axis=0):  # else no row sees a block of this group
+        dims = tl.arange(0, D)
+        keyrow = tl.arange(0, PAGE)
+        col = tl.arange(0, BLOCKS)
+        q = tl.load(idx_q_ptr + (tok.to(tl.int64) * HEADS + head)[:, None] * D + dims[None, :],
+                    mask=in_range[:, None], other=0.0)
+        one_request, passes = _tile_passes(req, in_range, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
+        for p in range(0, passes):
+            active = in_range & (one_request | (lane == p))
+            r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
+            num_blocks = tl.max(tl.where(active, own, -1), axis=0) + 1
+            score = tl.full((ROWS, BLOCKS), -float("inf"), tl.float32)
+            for b in range(first, tl.minimum(first + BLOCKS, num_blocks)):
+                page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
+                k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
+                s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
+                key_pos = keyrow + b * PAGE
+                s = tl.where(key_pos[None, :] <= pos[:, None], s, -float("inf"))
+                score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
+            block = first + col
+            out = scores_ptr + (head.to(tl.int64) * num_tokens + tok)[:, None] * num_cols + block[None, :]
+            tl.store(out, score, mask=active[:, None] & (block[None, :] <= own[:, None]))
+
+
+@triton.jit
+def _select_scored_kernel(scores_ptr, pos_ptr, block_ids_ptr, num_tokens, num_cols, tok0, total_tokens,
+                          sink_blocks, local_blocks,
+                          TOPK: tl.constexpr, KPAD: tl.constexpr, TOKENS: tl.constexpr, BLOCKS: tl.constexpr):
+    """Program (token tile, head): the selection rule and running top-k over stored block scores."""
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    tok = tile * TOKENS + tl.arange(0, TOKENS)
+    in_range = tok < num_tokens
+    own = tl.load(pos_ptr + tok, mask=in_range, other=0) // PAGE
+    best_score, best_id = _empty_top_k(TOKENS, TOPK, KPAD)
+    num_blocks = tl.max(tl.where(in_range, own, -1), axis=0) + 1
+    row = scores_ptr + (h.to(tl.int64) * num_tokens + tok) * num_cols
+    for start in range(0, num_blocks, BLOCKS):
+        block = start + tl.arange(0, BLOCKS)
+        visible = in_range[:, None] & (block[None, :] <= own[:, None])
+        score = tl.load(row[:, None] + block[None, :], mask=visible, other=-float("inf"))
+        score = _ranked_scores(score, block, own, in_range, sink_blocks, local_blocks)
+        best_score, best_id = _merge_top_k(score, block, best_score, best_id, TOPK, KPAD)
+    out = block_ids_ptr + (h.to(tl.int64) * total_tokens + tok0 + tok) * TOPK
+    _store_top_k(best_id, out, in_range, TOPK, KPAD)
+
+
+def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
+                          pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
+                          score_bytes: int = LEARNED_SCORE_BYTES) -> torch.Tensor:
+    """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_learned` (arguments checked there):
+    int32 ``block_ids [Hi, T, topk]``.
+
+    ``idx_q``: ``[T, Hi, D]``, cast to the keys' dtype; ``keys``: bf16/fp16 ``[slots, D]`` (row = cache
+    slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Two kernels per chunk of tokens:
+    block scores (fp32 ``[Hi, chunk, S]``, at most ``score_bytes``), then the selection. Decode-like
+    batches (``T <= R``) take one token per program and 4 blocks per group (more programs per token);
+    prefill tiles take 32 tokens and 16 blocks."""
+    t, heads, d = idx_q.shape
+    idx_q = idx_q.to(keys.dtype).contiguous()
+    req, pos = req.contiguous(), pos.contiguous()
+    cols = block_table.shape[1]
+    block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=idx_q.device)
+    decode_like = t <= block_table.shape[0]
+    tokens, blocks = (1, 4) if decode_like else (32, 16)
+    hp = triton.next_power_of_2(heads)
+    rows = max(16, tokens * hp)  # tl.dot needs 16 rows
+    chunk = max(tokens, score_bytes // (4 * heads * cols) // tokens * tokens)
+    for c0 in range(0, t, chunk):
+        n = min(chunk, t - c0)
+        scores = torch.empty(heads, n, cols, dtype=torch.float32, device=idx_q.device)
+        _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks))](
+            idx_q[c0:], keys, block_table, req[c0:], pos[c0:], scores, n, cols,
+            block_table.stride(0), block_table.stride(1),
+            HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, num_warps=4 if rows <= 64 else 8,
+        )
+        select_tokens = 1 if decode_like else 64
+        _select_scored_kernel[(triton.cdiv(n, select_tokens), heads)](
+            scores, pos[c0:], block_ids, n, cols, c0, t, sink_blocks, local_blocks,
+            TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=select_tokens, BLOCKS=BLOCKS_PER_STEP,
+            num_warps=4 if select_tokens <= 32 else 8,
+        )
     return block_ids

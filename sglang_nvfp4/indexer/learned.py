@@ -1,0 +1,174 @@
+"""The learned indexer: block selection from a model's own index projections (MiniMax-M3's
+``index_qkv_proj``), a :class:`~.protocol.BlockIndexer` that keeps the model's index keys beside the
+NVFP4 cache (:class:`LearnedIndexer`).
+
+What the model hands the attention call of a sparse layer (``model_inputs``): ``idx_q [T, Hi, D]``
+(``Hi`` index heads, already normed and roped) and ``idx_k [T, 1, D]`` (one index-key head shared by
+the index heads), bf16, ``D = 128``. Index head ``h`` selects for KV head ``h`` (``Hi == Hkv``: the
+configurations with several index heads per KV head, whose selections SGLang unions to ``g * topk``
+blocks, are refused at start-up by :mod:`sglang_nvfp4.sglang.minimax_m3`).
+
+Index keys (:class:`IndexKeys`): one ``[slots, D]`` tensor per sparse layer in the model dtype, written
+at the tokens' cache slots (``out_cache_loc``) with the main K/V. They follow the tokens: a radix-cache
+prefix or an earlier chunk keeps its slots, so its index keys are reused as they are; a move or an
+offload restore carries them (:meth:`LearnedIndexer.save_tokens` / ``restore_tokens``).
+
+Scores (:func:`select_blocks_learned`), MiniMax-M3's in-tree semantics (SGLang 0.5.23,
+``minimax_sparse/prefill/flash_with_topk_idx.py``, ``block_size_q = 1``, score type ``max``): token
+``t`` at position ``p`` scores block ``b`` per index head by the **max over the block's keys at
+positions <= p** of ``idx_q[t, h] . idx_k[key]`` (fp32 products of the stored values; the in-tree
+``D ** -0.5 * log2(e)`` factor is positive and changes no ranking, so it is left out). Blocks are then
+chosen by :mod:`.rules`: M3's ``sparse_init_block`` leading blocks are this project's ``sink_blocks``,
+and its ``sparse_local_block`` counts the own block, so ``local_blocks = sparse_local_block - 1``.
+Equal scores select the lower block id (SGLang's bitonic and radix top-k leave ties unspecified).
+
+Implementations: torch (CPU, or ``impl="torch"``; one request at a time, token chunks bounded by
+``_SCORES_PER_CHUNK``) and a Triton kernel (:func:`sglang_nvfp4.kernels.triton_indexer.select_learned_blocks`:
+tensor-core ``idx_q . idx_k^T`` per 128-key block, max-reduced in registers, merged into a running
+top-k; no score matrix in memory, no host sync, so decode runs it inside CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import format as fmt
+from ..reference import check_token_metadata
+from .protocol import StateBytes
+from .rules import check_index_values, check_selection_settings, forced_blocks, rank_blocks
+from .summary import resolve_impl
+
+__all__ = ["IndexKeys", "LearnedIndexer", "select_blocks_learned", "INDEX_DIM"]
+
+INDEX_DIM = 128  # the index head size the kernels are built for (MiniMax-M3's sparse_index_dim)
+INDEX_KEY_DTYPES = (torch.bfloat16, torch.float16)
+_SCORES_PER_CHUNK = 1 << 24  # token x head x key scores per chunk on the torch path
+
+
+class IndexKeys:
+    """A layer's index keys: ``keys [num_pages * 128, D]`` (bf16 by default), row = cache slot."""
+
+    def __init__(self, num_pages: int, device=None, *, dtype: torch.dtype = torch.bfloat16, dim: int = INDEX_DIM):
+        if dtype not in INDEX_KEY_DTYPES:
+            raise ValueError(f"dtype: index keys are stored as {INDEX_KEY_DTYPES}, got {dtype}")
+        self.keys = torch.zeros(num_pages * fmt.PAGE_SIZE, dim, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_token(dtype: torch.dtype = torch.bfloat16, dim: int = INDEX_DIM) -> int:
+        return dim * torch.empty((), dtype=dtype).element_size()
+
+    def write(self, slots: torch.Tensor, idx_k: torch.Tensor) -> None:
+        """Store ``idx_k [N, 1, D]`` (or ``[N, D]``) at ``slots [N]`` (no host sync: CUDA-graph safe)."""
+        n = fmt.check_slots(slots)
+        if idx_k.shape[0] != n or idx_k.numel() != n * self.keys.shape[1]:
+            raise ValueError(f"idx_k: expected [{n}, 1, {self.keys.shape[1]}] for {n} slots, got {tuple(idx_k.shape)}")
+        self.keys.index_copy_(0, slots.long(), idx_k.reshape(n, -1).to(self.keys.dtype))
+
+
+def _check_select_inputs(idx_q, keys, block_table, req, pos):
+    if idx_q.dim() != 3 or idx_q.shape[2] != keys.shape[1] or idx_q.dtype not in INDEX_KEY_DTYPES:
+        raise ValueError(f"idx_q: expected bf16/fp16 [T, Hi, {keys.shape[1]}], got {idx_q.dtype} {tuple(idx_q.shape)}")
+    if idx_q.device != keys.device:
+        raise ValueError(f"idx_q: on {idx_q.device}, index keys on {keys.device}")
+    check_token_metadata(block_table, req, pos, idx_q.shape[0], keys.device)
+
+
+def select_blocks_learned(idx_q: torch.Tensor, keys: IndexKeys, block_table: torch.Tensor, req: torch.Tensor,
+                          pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 0,
+                          impl: str = "auto") -> torch.Tensor:
+    """Top-``topk`` blocks per index head (= KV head) and token, int32 ``[Hi, T, topk]`` (ascending ids,
+    then ``-1``), scored as in the module docstring. ``block_table [R, S]``, ``req [T]``, ``pos [T]``
+    int32 as in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
+    _check_select_inputs(idx_q, keys.keys, block_table, req, pos)
+    check_selection_settings(topk, sink_blocks, local_blocks)
+    t, heads = idx_q.shape[:2]
+    if t == 0:
+        return torch.empty(heads, 0, topk, dtype=torch.int32, device=idx_q.device)
+    if resolve_impl(impl, idx_q.device) == "triton":
+        from ..kernels.triton_indexer import select_learned_blocks
+
+        return select_learned_blocks(idx_q, keys.keys, block_table, req, pos, topk, sink_blocks, local_blocks)
+    return _select_torch(idx_q, keys.keys, block_table, req, pos, topk, sink_blocks, local_blocks)
+
+
+def _select_torch(idx_q, keys, block_table, req, pos, topk, sink_blocks, local_blocks):
+    t, heads, _ = idx_q.shape
+    check_index_values(block_table, req, pos, keys.shape[0] // fmt.PAGE_SIZE)
+    own = pos.long() // fmt.PAGE_SIZE
+    out = torch.empty(heads, t, topk, dtype=torch.int32, device=idx_q.device)
+    rows = torch.arange(fmt.PAGE_SIZE, device=idx_q.device)
+    for r in torch.unique(req).tolist():
+        tokens = (req == r).nonzero()[:, 0]
+        num_blocks = int(own[tokens].max()) + 1
+        slots = (block_table[r, :num_blocks].long()[:, None] * fmt.PAGE_SIZE + rows).reshape(-1)
+        k = keys[slots].float()  # [B * 128, D]
+        key_pos = torch.arange(num_blocks * fmt.PAGE_SIZE, device=idx_q.device)
+        step = max(1, _SCORES_PER_CHUNK // (heads * k.shape[0]))
+        for start in range(0, tokens.numel(), step):
+            chunk = tokens[start : start + step]
+            logits = torch.einsum("thd,kd->htk", idx_q[chunk].float(), k)
+            logits = logits.masked_fill(key_pos[None, None, :] > pos[chunk].long()[None, :, None], -torch.inf)
+            scores = logits.view(heads, chunk.numel(), num_blocks, fmt.PAGE_SIZE).amax(dim=-1)
+            forced = forced_blocks(own[chunk], num_blocks, sink_blocks, local_blocks)
+            out[:, chunk] = rank_blocks(scores, own[chunk], topk, forced)
+    return out
+
+
+class LearnedIndexer:
+    """:class:`~.protocol.BlockIndexer` over a model's index projections: :class:`IndexKeys` for each
+    layer in ``sparse_layers`` (local layer ids), scored by :func:`select_blocks_learned`. Layers outside
+    ``sparse_layers`` keep no state and are not asked to select (the backend attends every visible block
+    there). ``model_inputs`` must carry ``idx_k`` on writes and ``idx_q`` on selections of sparse layers."""
+
+    def __init__(self, num_layers: int, num_pages: int, num_kv_heads: int, device=None, *,
+                 sparse_layers: tuple[int, ...], topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 0,
+                 key_dtype: torch.dtype = torch.bfloat16):
+        check_selection_settings(topk, sink_blocks, local_blocks)
+        bad = [x for x in sparse_layers if not 0 <= x < num_layers]
+        if bad:
+            raise ValueError(f"sparse_layers: local layer ids {bad} outside [0, {num_layers})")
+        self.topk, self.sink_blocks, self.local_blocks = topk, sink_blocks, local_blocks
+        self.num_kv_heads = num_kv_heads
+        self.index_keys = {layer: IndexKeys(num_pages, device, dtype=key_dtype) for layer in sorted(set(sparse_layers))}
+
+    @staticmethod
+    def state_bytes(num_layers: int, num_kv_heads: int, *, sparse_layers: tuple[int, ...],
+                    key_dtype: torch.dtype = torch.bfloat16, **options) -> StateBytes:
+        """Index keys of every sparse layer, per token slot."""
+        return StateBytes(per_token=len(set(sparse_layers)) * IndexKeys.bytes_per_token(key_dtype))
+
+    def state_nbytes(self) -> int:
+        return sum(k.keys.nbytes for k in self.index_keys.values())
+
+    def _keys(self, layer_id: int, what: str) -> IndexKeys:
+        keys = self.index_keys.get(layer_id)
+        if keys is None:
+            raise ValueError(f"layer {layer_id}: not a sparse layer of this indexer ({what})")
+        return keys
+
+    def on_kv_written(self, layer_id, cache, slots, *, idx_k=None, **model_inputs) -> None:
+        keys = self.index_keys.get(layer_id)
+        if keys is None:
+            return
+        if idx_k is None:
+            raise ValueError(f"layer {layer_id}: a sparse layer's K/V write needs the model's idx_k")
+        keys.write(slots, idx_k)
+
+    def save_tokens(self, layer_id, slots) -> torch.Tensor | None:
+        keys = self.index_keys.get(layer_id)
+        return None if keys is None else keys.keys[slots.long()].clone()
+
+    def restore_tokens(self, layer_id, cache, slots, saved) -> None:
+        keys = self.index_keys.get(layer_id)
+        if keys is not None:
+            keys.keys[slots.long()] = saved.to(keys.keys.dtype)
+
+    def select(self, layer_id, q, cache, block_table, req, pos, *, idx_q=None, **model_inputs) -> torch.Tensor:
+        keys = self._keys(layer_id, "select")
+        if idx_q is None:
+            raise ValueError(f"layer {layer_id}: a sparse layer's selection needs the model's idx_q")
+        if idx_q.dim() != 3 or idx_q.shape[1] != self.num_kv_heads:
+            raise ValueError(f"idx_q: {tuple(idx_q.shape)}, expected [T, {self.num_kv_heads}, D]: one index head per "
+                             "KV head")
+        return select_blocks_learned(idx_q, keys, block_table, req, pos, topk=self.topk,
+                                     sink_blocks=self.sink_blocks, local_blocks=self.local_blocks)

@@ -1,0 +1,174 @@
+"""The learned (MiniMax-M3) indexer: its selections against a float64 model of SGLang's in-tree M3
+semantics written independently here, one token at a time; its index-key state; its Triton kernels
+against the torch path (this module re-runs itself under ``TRITON_INTERPRET=1`` on CPU, and runs the
+kernels compiled on a GPU)."""
+
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+from triton_interpreter import run_module_interpreted
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4.indexer import IndexKeys, LearnedIndexer, StateBytes, select_blocks_learned
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+D = 128
+
+
+def m3_selection_f64(idx_q, keys, table, req, pos, topk, init_blocks, m3_local_blocks):
+    """SGLang 0.5.23's M3 selection (``flash_with_topk_idx.py``: scores, then its top-k), per index head
+    and token in float64: block score = max over the block's keys at positions <= p of the scaled logits;
+    the first ``init_blocks`` blocks get 1e30, the last ``m3_local_blocks`` visible ones (own included)
+    1e29; the ``topk`` best (ties: lower id, this project's documented choice), ascending, -1 padded."""
+    heads, t = idx_q.shape[1], idx_q.shape[0]
+    out = torch.full((heads, t, topk), -1, dtype=torch.int32)
+    for i in range(t):
+        p = int(pos[i])
+        nvis = p // fmt.PAGE_SIZE + 1
+        slots = [int(table[int(req[i]), j // fmt.PAGE_SIZE]) * fmt.PAGE_SIZE + j % fmt.PAGE_SIZE for j in range(p + 1)]
+        k = keys[slots].double()
+        for h in range(heads):
+            logits = (k @ idx_q[i, h].double()) * D**-0.5 * math.log2(math.e)
+            score = [float(logits[b * fmt.PAGE_SIZE : (b + 1) * fmt.PAGE_SIZE].max()) for b in range(nvis)]
+            for b in range(nvis):
+                if b < init_blocks:
+                    score[b] = 1e30
+                if b >= max(0, nvis - m3_local_blocks):
+                    score[b] = 1e29
+            order = sorted(range(nvis), key=lambda b: (-score[b], b))[: min(topk, nvis)]
+            out[h, i, : len(order)] = torch.tensor(sorted(order), dtype=torch.int32)
+    return out
+
+
+def learned_problem(seed, seq_lens, tokens_per_request, heads=2, spare_pages=3, values=3, dtype=torch.float16):
+    """Index keys and queries with small integer values (every logit exact in fp16/fp32 whatever the
+    summation order, and equal block scores common); requests on shuffled pages; query tokens at random
+    positions of each request (chunk and prefix offsets, partial own blocks). Returns
+    (idx_q [T, heads, D], IndexKeys, block_table, req, pos)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-n // fmt.PAGE_SIZE) for n in seq_lens]
+    num_pages = sum(blocks) + spare_pages
+    perm = torch.randperm(num_pages, generator=gen)
+    table = torch.full((len(seq_lens), max(blocks) + 2), -1, dtype=torch.int32)
+    used = 0
+    for r, b in enumerate(blocks):
+        table[r, :b] = perm[used : used + b].int()
+        used += b
+    keys = IndexKeys(num_pages, dtype=dtype)
+    keys.keys.copy_(torch.randint(-values, values + 1, keys.keys.shape, generator=gen).to(dtype))
+    req = torch.cat([torch.full((m,), r, dtype=torch.int32) for r, m in enumerate(tokens_per_request)])
+    pos = torch.cat([torch.randint(0, n, (m,), generator=gen, dtype=torch.int32)
+                     for n, m in zip(seq_lens, tokens_per_request)])
+    idx_q = torch.randint(-2, 3, (len(req), heads, D), generator=gen).to(dtype)
+    return idx_q, keys, table, req, pos
+
+
+@pytest.mark.parametrize("topk, init_blocks, m3_local", [(16, 1, 1), (4, 1, 1), (6, 2, 3), (3, 0, 1)])
+def test_selection_equals_the_in_tree_semantics_in_float64(topk, init_blocks, m3_local):
+    idx_q, keys, table, req, pos = learned_problem(1, [1900, 700, 130], [40, 25, 9])
+    got = select_blocks_learned(idx_q, keys, table, req, pos, topk=topk, sink_blocks=init_blocks,
+                                local_blocks=m3_local - 1, impl="torch")
+    assert torch.equal(got, m3_selection_f64(idx_q, keys.keys, table, req, pos, topk, init_blocks, m3_local))
+
+
+def test_blocks_after_the_token_are_never_scored():
+    # a key at position 394 (block 3) that outscores everything: invisible to the token at 300 (own block 2),
+    # chosen by the token at 599 (own block 4)
+    idx_q, keys, table, req, pos = learned_problem(2, [600], [2], heads=1, values=1)
+    pos[:] = torch.tensor([300, 599], dtype=torch.int32)
+    keys.keys[int(table[0, 3]) * fmt.PAGE_SIZE + 10] = 100.0
+    idx_q[:] = 1.0
+    sel = select_blocks_learned(idx_q, keys, table, req, pos, topk=2, sink_blocks=0, local_blocks=0, impl="torch")
+    assert sel[0, 0, 1] == 2 and sel[0, 0, 0] in (0, 1)
+    assert sel[0, 1].tolist() == [3, 4]
+
+
+def test_short_contexts_select_every_block():
+    idx_q, keys, table, req, pos = learned_problem(3, [2048, 1000], [30, 30])
+    sel = select_blocks_learned(idx_q, keys, table, req, pos, topk=16, sink_blocks=1, local_blocks=0, impl="torch")
+    own = pos.long() // fmt.PAGE_SIZE
+    want = torch.where(torch.arange(16)[None, :] <= own[:, None], torch.arange(16)[None, :], -1).int()
+    assert torch.equal(sel, want[None].expand(2, -1, -1))
+
+
+def test_indexer_keeps_index_keys_of_its_sparse_layers():
+    num_pages = 6
+    ix = LearnedIndexer(3, num_pages, 2, "cpu", sparse_layers=(0, 2), topk=4, sink_blocks=1, local_blocks=0)
+    assert ix.state_nbytes() == 2 * num_pages * 128 * D * 2
+    assert LearnedIndexer.state_bytes(3, 2, sparse_layers=(0, 2)) == StateBytes(per_token=2 * D * 2)
+    slots = torch.tensor([5, 130, 131, 700])
+    idx_k = torch.randn(4, 1, D).bfloat16()
+    cache = fmt.alloc_cache(num_pages, 2)
+    ix.on_kv_written(0, cache, slots, idx_k=idx_k, idx_q=torch.zeros(4, 2, D))
+    ix.on_kv_written(1, cache, slots)  # a dense layer: nothing kept, nothing needed
+    assert torch.equal(ix.index_keys[0].keys[slots], idx_k[:, 0])
+    saved = ix.save_tokens(0, slots)
+    ix.index_keys[0].keys[slots] = 0
+    ix.restore_tokens(0, cache, slots, saved)
+    assert torch.equal(ix.index_keys[0].keys[slots], idx_k[:, 0])
+    assert ix.save_tokens(1, slots) is None
+    with pytest.raises(ValueError, match="idx_k"):
+        ix.on_kv_written(2, cache, slots)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="idx_q"):
+        ix.select(0, None, cache, table, one, one)
+    with pytest.raises(ValueError, match="not a sparse layer"):
+        ix.select(1, None, cache, table, one, one, idx_q=torch.zeros(1, 2, D).bfloat16())
+    with pytest.raises(ValueError, match="one index head per"):
+        ix.select(0, None, cache, table, one, one, idx_q=torch.zeros(1, 4, D).bfloat16())
+    with pytest.raises(ValueError, match="sparse_layers"):
+        LearnedIndexer(2, num_pages, 2, "cpu", sparse_layers=(2,))
+    empty = select_blocks_learned(torch.zeros(0, 2, D).bfloat16(), ix.index_keys[0], table,
+                                  one[:0], one[:0], topk=4)
+    assert empty.shape == (2, 0, 4)
+
+
+# ---- Triton kernels -------------------------------------------------------------------------------------
+def check_kernel_on_exact_ties(device):
+    for seed, seq_lens, tokens in [(4, [1900, 700, 130], [40, 25, 9]), (5, [5000], [70]), (6, [300] * 5, [1] * 5)]:
+        idx_q, keys, table, req, pos = learned_problem(seed, seq_lens, tokens)
+        keys.keys = keys.keys.to(device)
+        args = [x.to(device) for x in (idx_q, table, req, pos)]
+        for topk, sink, local in [(16, 1, 0), (5, 2, 1)]:
+            want = select_blocks_learned(args[0], keys, *args[1:], topk=topk, sink_blocks=sink, local_blocks=local,
+                                         impl="torch")
+            got = select_blocks_learned(args[0], keys, *args[1:], topk=topk, sink_blocks=sink, local_blocks=local,
+                                        impl="triton")
+            assert torch.equal(got, want), (seed, topk)
+
+
+def check_kernel_in_token_chunks(device):
+    # a score budget of a few tokens: the prefill is scored in several chunks, ids land in the right columns
+    from sglang_nvfp4.kernels.triton_indexer import select_learned_blocks
+
+    idx_q, keys, table, req, pos = learned_problem(7, [2600, 900], [50, 30])
+    args = [x.to(device) for x in (idx_q, keys.keys, table, req, pos)]
+    want = select_learned_blocks(*args, 8, 1, 0)
+    chunked = select_learned_blocks(*args, 8, 1, 0, score_bytes=4 * 2 * table.shape[1] * 40)
+    assert torch.equal(chunked, want)
+
+
+if INTERPRETED:
+
+    def test_learned_kernel_matches_torch_on_exact_ties():
+        check_kernel_on_exact_ties("cpu")
+
+    def test_learned_kernel_scores_long_prefills_in_chunks():
+        check_kernel_in_token_chunks("cpu")
+
+else:
+
+    @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
+    def test_learned_kernels_under_the_triton_interpreter():
+        run_module_interpreted(__file__, 9, timeout=900)  # the torch tests run there too
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA device")
+    def test_compiled_learned_kernels_match_torch():
+        check_kernel_on_exact_ties("cuda")
+        check_kernel_in_token_chunks("cuda")
