@@ -5,27 +5,38 @@ SGLang), vocab 32000: ``one_batch`` draws token ids < 10000, the tokenizer is no
 
 * ``gqa64x4``: 64 query / 4 KV heads, hidden 4096, 4 layers.
 * ``tiny``: 16 query / 1 KV head, hidden 256, 2 layers.
+* ``m3``: MiniMax-M3 (``MiniMaxM3SparseForCausalLM``) reduced as in issue 16: 2 layers, both with the learned
+  indexer (4 index heads of 128, top-16 blocks of 128, init 1, local 1), hidden 2048, 64 query / 4 KV heads,
+  rotary_dim 64, layer 0 a dense MLP (4096), layer 1 8 experts top-2 (512 each) + a shared expert, vocab
+  200064. Served by ``triton`` it runs SGLang's in-tree M3 path (its sparse backend, bf16 KV and index keys).
 """
 
 from __future__ import annotations
 
 import os
 
-from sglang_nvfp4.tiny_model import make_tiny_model
+from sglang_nvfp4.tiny_model import make_tiny_m3_model, make_tiny_model
 
 MODELS = {
     "gqa64x4": {"kv_heads": 4, "layers": 4, "hidden_size": 4096, "heads_per_kv": 16},
     "tiny": {"kv_heads": 1, "layers": 2, "hidden_size": 256, "heads_per_kv": 16},
+    "m3": {"kv_heads": 4, "layers": 2, "hidden_size": 2048, "heads_per_kv": 16, "moe_layers": [1],
+           "intermediate_size": 512, "dense_intermediate_size": 4096},
 }
+MINIMAX_M3_MODELS = {"m3"}
 VOCAB_SIZE = 32000
+M3_VOCAB_SIZE = 200064
 
 
 def dummy_model(out_dir: str, name: str, context_len: int) -> str:
     """Config and tokenizer of model ``name`` at ``context_len``, in a folder of its own under ``out_dir``."""
-    return make_tiny_model(os.path.join(out_dir, f"{name}_ctx{context_len}"), context_len=context_len, weights=False,
-                           vocab_size=VOCAB_SIZE, **MODELS[name])
+    folder = os.path.join(out_dir, f"{name}_ctx{context_len}")
+    if name in MINIMAX_M3_MODELS:
+        return make_tiny_m3_model(folder, context_len=context_len, vocab_size=M3_VOCAB_SIZE, **MODELS[name])
+    return make_tiny_model(folder, context_len=context_len, weights=False, vocab_size=VOCAB_SIZE, **MODELS[name])
 
 
 def model_record(name: str, context_len: int) -> dict:
     """The config of model ``name`` as e2e.json records it."""
-    return {**MODELS[name], "context_len": context_len, "vocab_size": VOCAB_SIZE, "load_format": "dummy"}
+    vocab = M3_VOCAB_SIZE if name in MINIMAX_M3_MODELS else VOCAB_SIZE
+    return {**MODELS[name], "context_len": context_len, "vocab_size": vocab, "load_format": "dummy"}

@@ -32,14 +32,14 @@ def _prompts() -> list[tuple[str, str]]:
             ("prefix_a", prefix + " key value"), ("prefix_b", prefix + " page block")]
 
 
-def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict) -> None:
+def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict, extra_args=()) -> None:
     """One server of ``backend``: every prompt alone, greedy, 16 tokens with logprobs; fills ``entry``.
     A failure is recorded in ``entry`` with the requests answered before it."""
     log(f"server {backend}: starting")
     t0 = time.perf_counter()
     rows = []
     try:
-        with bench.server(model, backend, extra_args=COMMON_SERVER_ARGS, startup_timeout=bench.capped(240, reserve=60),
+        with bench.server(model, backend, extra_args=COMMON_SERVER_ARGS + list(extra_args), startup_timeout=bench.capped(240, reserve=60),
                           log_path=bench.path(f"server_{backend}.log")) as srv:
             entry.update(startup_s=time.perf_counter() - t0, requests=rows)
             for name, text in prompts:
@@ -83,10 +83,11 @@ def _alone_vs_together(srv, bench: BenchRun) -> dict:
     return {"identical": same, "requests": len(prompts), "new_tokens": INVARIANCE_TOKENS}
 
 
-def run_step(bench: BenchRun, backends: list) -> None:
-    """Serve every backend of ``backends`` in turn (while the budget allows), saving after each."""
+def run_step(bench: BenchRun, backends: list, model: str | None = None, extra_args=()) -> None:
+    """Serve every backend of ``backends`` in turn (while the budget allows), saving after each; ``model``
+    (default: the tiny model above) and ``extra_args`` (e.g. ``--load-format dummy``) for other models."""
     results = bench.results.setdefault("server", {})
-    model = make_tiny_model(bench.path("tiny"), kv_heads=1, layers=2)
+    model = model or make_tiny_model(bench.path("tiny"), kv_heads=1, layers=2)
     prompts = _prompts()
     for backend in backends:
         reason = bench.skip_reason(f"server {backend}", MIN_SECONDS_LEFT)
@@ -94,6 +95,6 @@ def run_step(bench: BenchRun, backends: list) -> None:
             results[backend] = {"skipped": reason}
             continue
         results[backend] = entry = {}
-        _serve(bench, model, backend, prompts, entry)
+        _serve(bench, model, backend, prompts, entry, extra_args)
         bench.save()
     results["agreement"] = server_agreement({b: results[b] for b in backends})

@@ -74,6 +74,51 @@ def granite_config(*, vocab_size: int, hidden_size: int, intermediate_size: int,
     }
 
 
+def minimax_m3_config(*, vocab_size: int, hidden_size: int, layers: int, heads: int, kv_heads: int,
+                      context_len: int, sparse_layers: list[int] | None = None, moe_layers: list[int] | None = None,
+                      topk_blocks: int = 16, init_blocks: int = 1, local_blocks: int = 1,
+                      intermediate_size: int | None = None, dense_intermediate_size: int | None = None) -> dict:
+    """``config.json`` of a MiniMax-M3 (``MiniMaxM3SparseForCausalLM``) shaped like the released model's
+    attention: head_dim 128, rotary_dim 64, per-head gemma QK norm, one learned index head of 128 per KV head
+    (keys only), blocks of 128, ``topk_blocks``; ``sparse_layers`` (default all) use the learned indexer,
+    ``moe_layers`` (default none) have 8 experts top-2 (``intermediate_size`` each, default hidden), the others a
+    dense swigluoai MLP (``dense_intermediate_size``, default 2 x hidden)."""
+    sparse_layers = list(range(layers)) if sparse_layers is None else sparse_layers
+    moe_layers = moe_layers or []
+    return {
+        "architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax_m2", "torch_dtype": "bfloat16",
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": 128, "rotary_dim": 64,
+        "rope_theta": 5000000.0, "max_position_embeddings": context_len, "rms_norm_eps": 1e-6,
+        "use_qk_norm": True, "qk_norm_type": "per_head", "use_gemma_norm": True, "hidden_act": "swigluoai",
+        "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "intermediate_size": intermediate_size or hidden_size,
+        "dense_intermediate_size": dense_intermediate_size or 2 * hidden_size, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "scoring_func": "sigmoid", "use_routing_bias": True, "routed_scaling_factor": 2.0,
+        "moe_layer_freq": [int(i in moe_layers) for i in range(layers)], "tie_word_embeddings": False,
+        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "sparse_attention_config": {
+            "sparse_attention_freq": [int(i in sparse_layers) for i in range(layers)],
+            "sparse_disable_index_value": [1] * layers, "sparse_num_index_heads": kv_heads,
+            "sparse_index_dim": 128, "sparse_block_size": 128, "sparse_topk_blocks": topk_blocks,
+            "sparse_init_block": init_blocks, "sparse_local_block": local_blocks, "sparse_score_type": "max",
+        },
+    }
+
+
+def make_tiny_m3_model(out_dir: str, *, kv_heads: int = 2, layers: int = 2, heads_per_kv: int = 16,
+                       hidden_size: int = 256, context_len: int = 16384, seed: int = 0,
+                       vocab_size: int = VOCAB_SIZE, **m3_options) -> str:
+    """A MiniMax-M3 config (:func:`minimax_m3_config`) and the tokenizer, no weights: serve it with
+    ``--load-format dummy`` (SGLang's seeded random weights). Returns ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    _write_tokenizer(out_dir, seed)
+    config = minimax_m3_config(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers,
+                               heads=heads_per_kv * kv_heads, kv_heads=kv_heads, context_len=context_len, **m3_options)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    return out_dir
+
+
 def make_tiny_model(out_dir: str, *, kv_heads: int = 1, layers: int = 2, heads_per_kv: int = 16,
                     hidden_size: int = 256, context_len: int = 16384, seed: int = 0, weights: bool = True,
                     vocab_size: int = VOCAB_SIZE) -> str:

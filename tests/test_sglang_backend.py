@@ -292,7 +292,9 @@ def test_pool_sizing_counts_cache_indexer_and_sglang_per_token_buffers(monkeypat
 
     monkeypatch.setattr(plugin, "backend_active", lambda: True)
     monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1, attn_dcp_size=1))
-    kvc = SimpleNamespace(model_config=SimpleNamespace(get_num_kv_heads=lambda tp, dcp: 1))
+    kvc = SimpleNamespace(model_config=SimpleNamespace(get_num_kv_heads=lambda tp, dcp: 1,
+                                                       hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"])),
+                          layer_info=SimpleNamespace(start_layer=0))
     cache_and_summaries = 2 * 144 + 2 * (128 * 2 * 3 + 8) / 128  # 2 layers, 1 KV head, quest summaries
     assert plugin.cell_size_override(kvc, 2) == math.ceil(cache_and_summaries + 48 + 8 / 128)
     monkeypatch.setattr(plugin, "backend_active", lambda: False)
@@ -363,7 +365,7 @@ def test_a_model_indexer_plugs_in_without_touching_pool_or_kernels(monkeypatch):
     """Configured as the indexer kind, a model-provided indexer is sized into the pool, built by the backend
     (and shared by a second backend of the pool), gets the model's attention inputs on writes and selections,
     sees its per-token state follow moves and offload, and the kernels attend its selection."""
-    monkeypatch.setattr(SparseConfig, "indexer_kind", lambda self: (SlotStampIndexer, {"topk": 2}))
+    monkeypatch.setattr(SparseConfig, "indexer_kind", lambda self, *layers: (SlotStampIndexer, {"topk": 2}))
     config = load_config({})
     assert bytes_per_token(1, 2, config.indexer_state_bytes(2, 1)) == 2 * 144 + 4
     h = Harness(num_kv_heads=1, seed=9)
@@ -377,7 +379,8 @@ def test_a_model_indexer_plugs_in_without_touching_pool_or_kernels(monkeypatch):
     h.backend.init_forward_metadata(fb)
     idx_k = torch.arange(n, dtype=torch.int32) + 7
     with torch.no_grad():
-        out = h.backend.forward(q, k, v, h.layer, fb, idx_q=torch.zeros(n, 4, 128), idx_k=idx_k, idx_v=None)
+        idx_o, out = h.backend.forward(q, k, v, h.layer, fb, idx_q=torch.zeros(n, 4, 128), idx_k=idx_k, idx_v=None)
+    assert idx_o is None  # an attention call with idx_q (MiniMax-M3) gets (idx_o, output) back
     assert stamp.seen_inputs == [("write", ["idx_k", "idx_q"]), ("select", ["idx_k", "idx_q"])]
     src = h.req_to_token_pool.req_to_token[0, :n].long()
     assert torch.equal(stamp.stamp[src], idx_k)
@@ -512,3 +515,52 @@ def test_tensor_parallel_head_shards_concatenate_to_the_single_rank_output():
         outs.append(h.forward(h.batch(*fb_args), q[:, heads].contiguous(), k[:, kv].contiguous(),
                               v[:, kv].contiguous()).view(n, 16, 128))
     assert torch.equal(torch.cat(outs, dim=1), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# MiniMax-M3: the learned indexer behind the backend, the (idx_o, out) return of sparse layers.
+# ---------------------------------------------------------------------------------------------
+def test_m3_sparse_layers_select_with_their_index_keys_and_return_idx_o_and_output(monkeypatch):
+    from sglang_nvfp4.indexer import IndexKeys, LearnedIndexer, select_blocks_learned
+    from sglang_nvfp4.sglang import backend as backend_module
+    from sglang_nvfp4.sglang.minimax_m3 import M3Sparsity
+
+    m3 = M3Sparsity(sparse_layers=frozenset({0}), num_layers=1, topk=4, init_blocks=1, local_blocks=2)
+    monkeypatch.setattr(backend_module, "startup_config", lambda: SparseConfig(model=m3))
+    h = Harness(num_heads=32, num_kv_heads=2, seed=4)
+    assert isinstance(h.backend.indexer, LearnedIndexer) and h.backend.dense_layer == [False]
+    n = 700  # 6 blocks: more than the 4 selected
+    pages = h.take_pages(6)
+    h.map_request(0, pages, n)
+    q, k, v = h.qkv(n)
+    idx_q = torch.randn(n, 2, 128, generator=h.gen).bfloat16()
+    idx_k = torch.randn(n, 1, 128, generator=h.gen).bfloat16()
+    # independent expectation: index keys written by the test, the learned selection, the contract's reference
+    keys = IndexKeys(h.pool.num_pages)
+    keys.write(h.req_to_token_pool.req_to_token[0, :n].long(), idx_k)
+    table = torch.tensor([pages], dtype=torch.int32)
+
+    def expected(tokens):
+        pos = torch.arange(tokens.start, tokens.stop, dtype=torch.int32)
+        req = torch.zeros(len(pos), dtype=torch.int32)
+        ids = select_blocks_learned(idx_q[tokens], keys, table, req, pos, topk=4, sink_blocks=1, local_blocks=1)
+        padded = torch.nn.functional.pad(ids, (0, fmt.TOPK - 4), value=-1)
+        out = sparse_prefill_reference(q[tokens].view(len(pos), 32, 128), h.pool.layer_cache(0), padded, table, req,
+                                       pos, 1.0, 1.0, h.layer.scaling)
+        return ids, out.view(len(pos), -1)
+
+    m = n - 1
+    for fb, tokens in ((h.batch(ForwardMode.EXTEND, [0], [m], [m]), slice(0, m)),
+                       (h.batch(ForwardMode.DECODE, [0], [n]), slice(m, n))):
+        h.backend.init_forward_metadata(fb)
+        with torch.no_grad():
+            idx_o, out = h.backend.forward(q[tokens], k[tokens], v[tokens], h.layer, fb, idx_q=idx_q[tokens],
+                                           idx_k=idx_k[tokens], idx_v=None)
+        ids, want = expected(tokens)
+        assert idx_o is None and torch.equal(out, want)
+        assert (ids >= 0).sum(-1).max() == 4 and (ids[..., 3] > 3).any()  # really sparse: 4 of up to 6 blocks
+    # idle batches: the shape the model unpacks; M3's dense layers pass no idx_q and get the output alone
+    idle = SimpleNamespace(forward_mode=ForwardMode.IDLE)
+    got = h.backend.forward(q[:0], None, None, h.layer, idle, idx_q=idx_q[:0], idx_k=idx_k[:0], idx_v=None)
+    assert got[0] is None and got[1].shape == (0, 32 * 128)
+    assert h.backend.forward(q[:0], None, None, h.layer, idle).shape == (0, 32 * 128)

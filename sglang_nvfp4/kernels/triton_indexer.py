@@ -277,6 +277,46 @@ def _select_scored_kernel(scores_ptr, pos_ptr, block_ids_ptr, num_tokens, num_co
     _store_top_k(best_id, out, in_range, TOPK, KPAD)
 
 
+def learned_tiling(num_tokens: int, num_rows: int) -> tuple[int, int]:
+    """(tokens per program, blocks per score program): decode-like batches (``T <= R``, about one token per
+    request) take one token per program and 4 blocks per program (more programs per token); prefill
+    tiles take 32 tokens and 16 blocks."""
+    return (1, 4) if num_tokens <= num_rows else (32, 16)
+
+
+def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
+                         score_bytes: int = LEARNED_SCORE_BYTES) -> list[tuple[int, int]]:
+    """``(first token, count)`` of each chunk whose fp32 block scores ``[heads, count, cols]`` fit
+    ``score_bytes`` (a multiple of ``tokens`` per chunk, at least one tile)."""
+    chunk = max(tokens, score_bytes // (4 * heads * cols) // tokens * tokens)
+    return [(c0, min(chunk, num_tokens - c0)) for c0 in range(0, num_tokens, chunk)]
+
+
+def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int, blocks: int) -> None:
+    """Block scores of the tokens of ``idx_q [n, Hi, D]`` (same dtype as ``keys``, contiguous), ``req`` and
+    ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible blocks only)."""
+    n, heads, d = idx_q.shape
+    hp = triton.next_power_of_2(heads)
+    rows = max(16, tokens * hp)  # tl.dot needs 16 rows
+    cols = block_table.shape[1]
+    _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks))](
+        idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
+        HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, num_warps=4 if rows <= 64 else 8,
+    )
+
+
+def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_blocks: int, local_blocks: int,
+                         tokens: int) -> None:
+    """The selection rule over ``scores [Hi, n, S]`` of the tokens with positions ``pos [n]``, written to
+    ``block_ids [Hi, T, topk]`` from column ``tok0``."""
+    heads, n, cols = scores.shape
+    _select_scored_kernel[(triton.cdiv(n, tokens), heads)](
+        scores, pos, block_ids, n, cols, tok0, block_ids.shape[1], sink_blocks, local_blocks,
+        TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens, BLOCKS=BLOCKS_PER_STEP,
+        num_warps=4 if tokens <= 32 else 8,
+    )
+
+
 def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                           pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
                           score_bytes: int = LEARNED_SCORE_BYTES) -> torch.Tensor:
@@ -284,32 +324,18 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
     int32 ``block_ids [Hi, T, topk]``.
 
     ``idx_q``: ``[T, Hi, D]``, cast to the keys' dtype; ``keys``: bf16/fp16 ``[slots, D]`` (row = cache
-    slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Two kernels per chunk of tokens:
-    block scores (fp32 ``[Hi, chunk, S]``, at most ``score_bytes``), then the selection. Decode-like
-    batches (``T <= R``) take one token per program and 4 blocks per group (more programs per token);
-    prefill tiles take 32 tokens and 16 blocks."""
-    t, heads, d = idx_q.shape
+    slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Per chunk of tokens
+    (:func:`learned_score_chunks`), two kernels: block scores, then the selection."""
+    t, heads, _ = idx_q.shape
     idx_q = idx_q.to(keys.dtype).contiguous()
     req, pos = req.contiguous(), pos.contiguous()
     cols = block_table.shape[1]
     block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=idx_q.device)
-    decode_like = t <= block_table.shape[0]
-    tokens, blocks = (1, 4) if decode_like else (32, 16)
-    hp = triton.next_power_of_2(heads)
-    rows = max(16, tokens * hp)  # tl.dot needs 16 rows
-    chunk = max(tokens, score_bytes // (4 * heads * cols) // tokens * tokens)
-    for c0 in range(0, t, chunk):
-        n = min(chunk, t - c0)
+    tokens, blocks = learned_tiling(t, block_table.shape[0])
+    for c0, n in learned_score_chunks(t, heads, cols, tokens, score_bytes):
         scores = torch.empty(heads, n, cols, dtype=torch.float32, device=idx_q.device)
-        _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks))](
-            idx_q[c0:], keys, block_table, req[c0:], pos[c0:], scores, n, cols,
-            block_table.stride(0), block_table.stride(1),
-            HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, num_warps=4 if rows <= 64 else 8,
-        )
-        select_tokens = 1 if decode_like else 64
-        _select_scored_kernel[(triton.cdiv(n, select_tokens), heads)](
-            scores, pos[c0:], block_ids, n, cols, c0, t, sink_blocks, local_blocks,
-            TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=select_tokens, BLOCKS=BLOCKS_PER_STEP,
-            num_warps=4 if select_tokens <= 32 else 8,
-        )
+        part = slice(c0, c0 + n)
+        learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks)
+        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks,
+                             1 if tokens == 1 else 64)
     return block_ids

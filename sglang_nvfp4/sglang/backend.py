@@ -13,7 +13,9 @@ aligned), the selection of dense layers when any are configured, and the kernel 
 may move a request's pages. Per layer, ``forward_*`` writes the new K/V into the pool, asks the
 indexer for the block ids of each token and KV head (dense layers take the forward's all-visible
 selection) and runs the plan; the keyword arguments of the model's attention call (e.g. MiniMax-M3's
-``idx_q``/``idx_k``) go to the indexer with the write and the selection. Decode CUDA graphs refresh
+``idx_q``/``idx_k``) go to the indexer with the write and the selection. A call that carries ``idx_q``
+(MiniMax-M3's sparse layers, :mod:`.minimax_m3`) gets ``(idx_o, output)`` back, ``idx_o = None``: the
+index value heads that would fill it are refused at start-up. Decode CUDA graphs refresh
 static copies of the same metadata in place (padded rows: request row 0, position 0); their metadata
 object and plan are made once per captured batch size.
 """
@@ -87,6 +89,12 @@ def check_layer_supported(layer: RadixAttention) -> None:
         raise ValueError(f"{where}: {layer.tp_q_head_num} query heads per {layer.tp_k_head_num} KV heads")
 
 
+def _model_output(out: torch.Tensor, model_inputs: dict):
+    """What the model's attention call unpacks: ``(idx_o, out)`` for a call with MiniMax-M3's ``idx_q``
+    (``idx_o = None``: no index value heads), else ``out``."""
+    return (None, out) if model_inputs.get("idx_q") is not None else out
+
+
 class NVFP4SparseAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
@@ -101,13 +109,17 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             )
         check_model_supported(model_runner)
         self.config = startup_config()
-        num_layers = getattr(model_runner.model_config, "num_hidden_layers", None)  # test runners may lack it
+        hf_config = getattr(model_runner.model_config, "hf_config", None)  # test runners may lack it
+        if hf_config is not None:
+            self.config = self.config.for_model(hf_config)
+        num_layers = getattr(model_runner.model_config, "num_hidden_layers", None)
         if num_layers is not None:
             self.config.check_model(num_layers, model_runner.model_config.head_dim)
         pool = self.token_to_kv_pool
         self.indexer = pool.attach_indexer(
-            lambda: self.config.build_indexer(pool.layer_num, pool.num_pages, pool.head_num, pool.device))
-        # Per local layer: attends every visible block (NVFP4_SPARSE_DENSE_LAYERS).
+            lambda: self.config.build_indexer(pool.layer_num, pool.num_pages, pool.head_num, pool.device,
+                                              pool.start_layer))
+        # Per local layer: attends every visible block (NVFP4_SPARSE_DENSE_LAYERS, or a model's dense layer).
         self.dense_layer = [self.config.is_dense_layer(pool.start_layer + i) for i in range(pool.layer_num)]
         self.max_blocks = _blocks(model_runner.model_config.context_len)
         self.forward_metadata: SparseForwardMetadata | None = None
@@ -203,7 +215,13 @@ class NVFP4SparseAttnBackend(AttentionBackend):
                 block_ids = torch.nn.functional.pad(block_ids, (0, fmt.TOPK - block_ids.shape[-1]), value=-1)
         k_scale, v_scale = layer_scales(layer)
         out = md.plan.run(q3, cache, block_ids, k_scale, v_scale, layer.scaling)
-        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+        return _model_output(out.view(-1, layer.tp_q_head_num * layer.v_head_dim), model_inputs)
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if forward_batch.forward_mode.is_idle():  # SGLang's idle output, in the shape the model unpacks
+            out = q.new_empty(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+            return _model_output(out, kwargs)
+        return super().forward(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache, kwargs)

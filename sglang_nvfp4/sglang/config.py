@@ -22,10 +22,16 @@ all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every l
 raise ``ValueError`` naming the variable where SGLang resolves the server arguments (the plugin's
 start-up rules, in the launcher, before any weight loads: exit code 1), checked against the
 checkpoint's config too (:meth:`SparseConfig.check_model`); the backend checks the built model again.
+
+MiniMax-M3 checkpoints bring their own selection (:mod:`.minimax_m3`, :meth:`SparseConfig.for_model`):
+their learned indexer, top-k and forced blocks come from the checkpoint, so setting ``TOPK``,
+``SINK_BLOCKS``, ``LOCAL_BLOCKS`` or ``INDEXER`` for one is a start-up error; ``DENSE_LAYERS`` and
+``KERNEL`` apply as for any model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -33,8 +39,10 @@ from dataclasses import dataclass
 from .. import format as fmt
 from .. import kernels
 from ..indexer import METHODS, BlockIndexer, StateBytes, SummaryIndexer
+from .minimax_m3 import M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
+_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER")  # a model's own indexer replaces them
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,25 @@ class SparseConfig:
     local_blocks: int = 1
     indexer: str = "quest"
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
+    explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
+    model: M3Sparsity | None = None  # a checkpoint's own selection (MiniMax-M3), from for_model()
+
+    def for_model(self, hf_config) -> SparseConfig:
+        """This configuration for a checkpoint: with its own selection when it has one (MiniMax-M3;
+        ``ValueError`` for an unsupported variant, or for selection variables it would ignore)."""
+        model = m3_sparsity(hf_config)
+        if model is not None and self.explicit:
+            names = ", ".join(_PREFIX + name for name in sorted(self.explicit))
+            raise ValueError(f"{names}: MiniMax-M3 selects blocks with its learned indexer and its checkpoint's "
+                             "sparse_attention_config; unset these variables")
+        return dataclasses.replace(self, model=model)
 
     def is_dense_layer(self, layer_id: int) -> bool:
-        return self.dense_layers is None or layer_id in self.dense_layers
+        """Whether a layer attends every visible block: ``DENSE_LAYERS``, or a layer of a model with its own
+        selection that the model keeps dense."""
+        if self.dense_layers is None or layer_id in self.dense_layers:
+            return True
+        return self.model is not None and layer_id not in self.model.sparse_layers
 
     def check_model(self, num_layers: int, head_dim: int) -> None:
         """Settings that depend on the model: ``ValueError`` for a head_dim the cache layout does not hold,
@@ -58,20 +82,23 @@ class SparseConfig:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS: layer ids {beyond} are beyond the model's {num_layers} layers "
                              f"(0..{num_layers - 1})")
 
-    def indexer_kind(self) -> tuple[type, dict]:
-        """The configured indexer: its class and the options it is built and sized with (one place, so
-        that the pool sizing and the build agree)."""
+    def indexer_kind(self, start_layer: int = 0, num_layers: int = 0) -> tuple[type, dict]:
+        """The indexer of a process's layers ``start_layer .. start_layer + num_layers - 1``: its class and
+        the options it is built and sized with (one place, so that the pool sizing and the build agree)."""
+        if self.model is not None:
+            return self.model.indexer_kind(start_layer, num_layers)
         return SummaryIndexer, {"method": self.indexer, "topk": self.topk, "sink_blocks": self.sink_blocks,
                                 "local_blocks": self.local_blocks}
 
-    def indexer_state_bytes(self, num_layers: int, num_kv_heads: int) -> StateBytes:
+    def indexer_state_bytes(self, num_layers: int, num_kv_heads: int, start_layer: int = 0) -> StateBytes:
         """Memory of the indexer :meth:`build_indexer` makes, known before it is built (pool sizing)."""
-        cls, options = self.indexer_kind()
+        cls, options = self.indexer_kind(start_layer, num_layers)
         return cls.state_bytes(num_layers, num_kv_heads, **options)
 
-    def build_indexer(self, num_layers: int, num_pages: int, num_kv_heads: int, device) -> BlockIndexer:
+    def build_indexer(self, num_layers: int, num_pages: int, num_kv_heads: int, device,
+                      start_layer: int = 0) -> BlockIndexer:
         """The configured indexer for one process's layers and pool pages."""
-        cls, options = self.indexer_kind()
+        cls, options = self.indexer_kind(start_layer, num_layers)
         return cls(num_layers, num_pages, num_kv_heads, device, **options)
 
 
@@ -108,7 +135,8 @@ def load_config(env=None) -> SparseConfig:
         if any(x < 0 for x in dense):
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: layer ids must be >= 0")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
-    return SparseConfig(topk, sink, local, indexer, dense)
+    explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
+    return SparseConfig(topk, sink, local, indexer, dense, explicit)
 
 
 @functools.cache

@@ -13,6 +13,11 @@ detokenizer, ``sglang.Engine``). It uses only SGLang's extension points:
   indexer's state, so ``max_total_num_tokens`` grows ~3.5x over bf16), and
   ``models.utils.enable_fused_set_kv_buffer`` (models that would write bf16 K/V into the cache
   themselves go through the pool instead);
+* for MiniMax-M3 (:mod:`.minimax_m3`), two more AROUND hooks that act while ``nvfp4_sparse`` is
+  configured: ``KVCacheConfigurator._build_minimax_sparse_kv_pool`` builds the NVFP4 pool (over every
+  layer; the index keys live in the learned indexer, sized into the same bytes per token) instead of
+  SGLang's bf16 ``MiniMaxSparseKVPool``, and ``attention_registry.attn_backend_wrapper`` leaves this
+  backend unwrapped (SGLang would route M3's sparse layers to its own Triton backend);
 * one AROUND hook that acts whatever the backend: ``TokenizerManager._validate_one_request``
   (:func:`check_request_inputs`: requests that would crash SGLang 0.5.23's scheduler get HTTP 400).
 """
@@ -74,14 +79,20 @@ def apply_server_arg_rules(server_args) -> None:
         raise ValueError(f"{BACKEND_NAME} does not support --enable-hierarchical-cache")
     if view.disaggregation_mode != "null":
         raise ValueError(f"{BACKEND_NAME} does not support PD disaggregation")
-    # The NVFP4_SPARSE_* settings, also against the checkpoint's config: here, before any weight loads, a
-    # bad value ends the launcher with a clear error (exit code 1).
+    if getattr(view, "enable_hisparse", False):
+        raise ValueError(f"{BACKEND_NAME} does not support --enable-hisparse")
+    # The NVFP4_SPARSE_* settings, also against the checkpoint's config (a MiniMax-M3 variant this backend
+    # does not serve included): here, before any weight loads, a bad value ends the launcher with a clear
+    # error (exit code 1).
     from .config import load_config
 
     config = load_config()
-    shape = model_attention_shape(server_args.model_path, getattr(server_args, "trust_remote_code", False))
-    if shape is not None:
-        config.check_model(*shape)
+    hf_config = read_model_config(server_args.model_path, getattr(server_args, "trust_remote_code", False))
+    if hf_config is not None:
+        config.for_model(hf_config)
+        shape = model_attention_shape(hf_config)
+        if shape is not None:
+            config.check_model(*shape)
     # Decode CUDA graphs are supported; prefill graphs are not (attention runs eagerly there).
     declare_resolution(
         server_args, "sglang_nvfp4",
@@ -89,15 +100,19 @@ def apply_server_arg_rules(server_args) -> None:
     )
 
 
-def model_attention_shape(model_path: str, trust_remote_code: bool = False) -> tuple[int, int] | None:
-    """``(num_layers, head_dim)`` from the checkpoint's config (no weights), or ``None`` when it cannot be read
-    at this point; the backend checks the built model again."""
+def read_model_config(model_path: str, trust_remote_code: bool = False):
+    """The checkpoint's Hugging Face config (no weights), or ``None`` when it cannot be read at this point;
+    the backend checks the built model again."""
     try:
         from transformers import AutoConfig
 
-        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except Exception:  # not a local checkpoint, or a config transformers cannot parse
         return None
+
+
+def model_attention_shape(hf_config) -> tuple[int, int] | None:
+    """``(num_layers, head_dim)`` of a Hugging Face config, or ``None`` when it does not say."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
     head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
@@ -133,8 +148,8 @@ def cell_size_override(kvc, num_layers: int):
 
     parallel = get_parallel()
     heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
-    config = startup_config()
-    state = config.indexer_state_bytes(num_layers, heads)
+    config = startup_config().for_model(kvc.model_config.hf_config)
+    state = config.indexer_state_bytes(num_layers, heads, kvc.layer_info.start_layer)
     return math.ceil(bytes_per_token(heads, num_layers, state) + SGLANG_BYTES_PER_POOL_TOKEN)
 
 
@@ -179,6 +194,23 @@ def _fused_kv_write(original, *args, **kwargs):
     return False if backend_active() else original(*args, **kwargs)
 
 
+def _minimax_m3_pool(original, configurator, *, max_total_num_tokens):
+    if not backend_active():
+        return original(configurator, max_total_num_tokens=max_total_num_tokens)
+    from .kv_pool import NVFP4TokenToKVPool
+
+    return configurator._build_mha_kv_pool(max_total_num_tokens=max_total_num_tokens,
+                                           mha_pool_class=NVFP4TokenToKVPool)
+
+
+def _attn_backend_wrapper(original, runner, full_attn_backend):
+    from .backend import NVFP4SparseAttnBackend
+
+    if isinstance(full_attn_backend, NVFP4SparseAttnBackend):  # serves every layer of M3 itself
+        return full_attn_backend
+    return original(runner, full_attn_backend)
+
+
 def register() -> None:
     """Register the backend, its start-up rules and its pool with SGLang (idempotent)."""
     global _registered
@@ -197,6 +229,9 @@ def register() -> None:
         ("sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls", _kv_pool_cls),
         ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size", _cell_size),
         ("sglang.srt.models.utils.enable_fused_set_kv_buffer", _fused_kv_write),
+        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_minimax_sparse_kv_pool",
+         _minimax_m3_pool),
+        ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper", _attn_backend_wrapper),
         ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", _validate_request),
     ):
         HookRegistry.register(target, hook, HookType.AROUND)

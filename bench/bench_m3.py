@@ -1,0 +1,247 @@
+"""MiniMax-M3 served natively: ``nvfp4_sparse`` against SGLang's in-tree M3 path (``--attention-backend
+triton``: its Triton sparse backend over bf16 K/V and bf16 index keys; on Hopper the NVFP4 M3 stack is
+Blackwell-only) on one GPU, in one run, on the reduced M3 config of ``e2e_models`` (``m3``, dummy weights).
+Writes ``m3.json`` under ``--out`` after every step, with a ``summary``.
+
+Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in that order):
+
+* ``kernels``: per prefill length (``--kernel-t``), one request, 64 query / 4 KV heads, 4 index heads of 128,
+  random bf16 ``idx_q``/``idx_k`` (normed scale, like the model's) and K/V: the selections of both paths on
+  the same index keys (% identical block sets per (head, token)), where per-layer prefill time goes
+  (ours: block scores, top-k, NVFP4 attention; in-tree: ``flash_prefill_with_topk_index`` (scores + top-k),
+  ``flash_prefill_with_gqa_share_sparse`` over bf16 K/V holding the same values, each with its own
+  selections), and the overlap of the selections (mean distinct pages per 4-token tile, against per-token
+  random top-16 on the same shape). Every call runs once untimed first (compilation, autotuning).
+* ``one_batch``: ``e2e_one_batch`` on ``m3``, ``--backends`` (default ``nvfp4_sparse triton``) at
+  ``--input-lens`` x ``--batch-sizes``: prefill and decode throughput, KV capacity (``max_total_num_tokens``)
+  at the same ``--mem-fraction-static``.
+* ``server``: ``e2e_server`` on ``m3``: a real server per backend, short prompts (every block selected: only
+  NVFP4 storage differs) with first-token and logprob agreement, a long prompt, a radix hit, batch
+  invariance.
+
+``summary``: ``prefill_speedup_32k`` / ``prefill_speedup_128k`` (batch 1), ``decode_speedup_32k`` (batch 8),
+``capacity_ratio`` (nvfp4_sparse over the in-tree path), ``selection_identical``, and the per-layer breakdown.
+
+``python bench/bench_m3.py --out DIR [--steps ...]`` (CUDA and SGLang; bench/gpu_m3.sh sets up the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+import e2e_one_batch
+import e2e_server
+from bench_e2e import gpu_description, runnable_backends
+from e2e_models import dummy_model
+from e2e_summary import one_batch_summary
+from harness import BenchRun, exit_on_sigterm, log
+
+STEPS = ("kernels", "one_batch", "server")
+MODEL = "m3"
+IN_TREE = "triton"
+HEADS, HKV, INDEX_HEADS, TOPK, INIT_BLOCKS, LOCAL_BLOCKS = 64, 4, 4, 16, 1, 1  # the reduced M3 config
+LAYERS = 2
+DEV = "cuda"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)}")
+    ap.add_argument("--budget-s", type=float, default=520.0)
+    ap.add_argument("--backends", nargs="+", default=["nvfp4_sparse", IN_TREE])
+    ap.add_argument("--kernel-t", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--input-lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--mem-fraction-static", type=float, default=0.8)
+    ap.add_argument("--sglang-args", default="")
+    ap.add_argument("--run-timeout", type=float, default=200.0)
+    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    args = ap.parse_args(argv)
+    args.steps = [s for s in args.steps.split(",") if s]
+    if set(args.steps) - set(STEPS):
+        ap.error(f"--steps: unknown {sorted(set(args.steps) - set(STEPS))}")
+    args.models, args.torch_native_max_tokens = [MODEL], 0
+    return args
+
+
+# ---- kernels ---------------------------------------------------------------------------------------------
+def kernel_case(t: int, gen: torch.Generator) -> dict:
+    from bench_kernels import InTreeSparse, one_request, random_blocks
+    from sglang.kernels.ops.attention.minimax_sparse.prefill.flash_with_topk_idx import flash_prefill_with_topk_index
+    from timing import bench_ms
+
+    from sglang_nvfp4 import format as fmt
+    from sglang_nvfp4 import kernels
+    from sglang_nvfp4.kernels import triton_indexer as ti
+    from sglang_nvfp4.kernels import triton_prefill
+
+    cache, block_table, slots = one_request(t, HKV, gen)
+    pos = torch.arange(t, device=DEV, dtype=torch.int32)
+    req = torch.zeros_like(pos)
+    q = (torch.randn(t, HEADS, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    idx_q = torch.randn(t, INDEX_HEADS, 128, device=DEV, generator=gen).bfloat16()
+    idx_k = torch.randn(t, 1, 128, device=DEV, generator=gen).bfloat16()
+    keys = torch.zeros(cache.shape[0] * fmt.PAGE_SIZE, 128, dtype=torch.bfloat16, device=DEV)
+    keys[slots] = idx_k[:, 0]
+    row = {"T": t, "H": HEADS, "Hkv": HKV, "index_heads": INDEX_HEADS, "topk": TOPK}
+
+    # ours: block scores, then the top-k, as select_learned_blocks chains them
+    def ours_select():
+        return ti.select_learned_blocks(idx_q, keys, block_table, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1)
+
+    ours_ids = ours_select()
+    tokens, blocks = ti.learned_tiling(t, 1)
+    chunks = ti.learned_score_chunks(t, INDEX_HEADS, block_table.shape[1], tokens)
+    scores = torch.empty(INDEX_HEADS, chunks[0][1], block_table.shape[1], dtype=torch.float32, device=DEV)
+    scratch_ids = torch.empty_like(ours_ids)
+
+    def ours_scores():
+        for c0, n in chunks:
+            part = slice(c0, c0 + n)
+            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores[:, :n], tokens, blocks)
+
+    def ours_topk():  # over the last chunk's scores, once per chunk: the same work as in the chained call
+        for c0, n in chunks:
+            ti.select_scored_blocks(scores[:, :n], pos[c0 : c0 + n], scratch_ids, c0, TOPK, INIT_BLOCKS,
+                                    LOCAL_BLOCKS - 1, 64)
+
+    ours_scores()
+    ours_topk()
+    row["score_chunks"] = len(chunks)
+    row["ours_select_ms"] = bench_ms(ours_select)
+    row["ours_scores_ms"] = bench_ms(ours_scores)
+    row["ours_topk_ms"] = bench_ms(ours_topk)
+    out = torch.empty_like(q)
+    attend_args = (q, cache, ours_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+    kernels.sparse_prefill(*attend_args, out=out)
+    row["ours_attention_ms"] = bench_ms(lambda: kernels.sparse_prefill(*attend_args, out=out))
+
+    # in-tree: index scores + top-k over bf16 index keys (slot-addressed), attention over bf16 K/V
+    i32 = dict(dtype=torch.int32, device=DEV)
+    common = dict(v_cache=None, sink=None, req_to_token=slots.int()[None].contiguous(), slot_ids=torch.zeros(1, **i32),
+                  cu_seqlens=torch.tensor([0, t], **i32), seq_lens=torch.tensor([t], **i32),
+                  prefix_lens=torch.zeros(1, **i32), max_seqlen_q=t, max_seqlen_k=t, block_size_q=1,
+                  block_size_k=fmt.PAGE_SIZE, topk=TOPK, init_blocks=INIT_BLOCKS, local_blocks=LOCAL_BLOCKS,
+                  disable_index_value=True, page_size=fmt.PAGE_SIZE)
+
+    def in_tree_select():
+        return flash_prefill_with_topk_index(q=idx_q, k_cache=keys[:, None], **common)[1]
+
+    theirs = in_tree_select()
+    row["in_tree_select_ms"] = bench_ms(in_tree_select)
+    same = (torch.sort(ours_ids, dim=-1).values == torch.sort(theirs, dim=-1).values).all(dim=-1)
+    row["selection_identical"] = same.float().mean().item()
+    peer = InTreeSparse(cache, block_table, theirs, t)
+    peer.attend(q, theirs, 1)
+    row["in_tree_attention_ms"] = bench_ms(lambda: peer.attend(q, theirs, 1))
+
+    # overlap: distinct pages a 4-token tile visits (the prefill kernel's union), ours vs per-token random
+    tile = triton_prefill.default_prefill_config(HEADS // HKV).tokens_per_tile
+    union, _ = triton_prefill.plan_tiles(ours_ids, block_table, req, pos, tile)
+    random_union, _ = triton_prefill.plan_tiles(random_blocks(pos, HKV, gen, block_table.shape[1]), block_table, req,
+                                                pos, tile)
+    row.update(tokens_per_tile=tile, union_mean=union.float().mean().item(),
+               random_union_mean=random_union.float().mean().item())
+    row["ours_layer_ms"] = row["ours_select_ms"] + row["ours_attention_ms"]
+    row["in_tree_layer_ms"] = row["in_tree_select_ms"] + row["in_tree_attention_ms"]
+    return row
+
+
+def run_kernels(bench: BenchRun, args) -> None:
+    rows = bench.results.setdefault("kernels", [])
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    for t in args.kernel_t:
+        if bench.skip_reason(f"kernels T={t}", 60):
+            break
+        row = kernel_case(t, gen)
+        rows.append(row)
+        log(f"kernels T={t}: select ours {row['ours_select_ms']:.2f} ms (scores {row['ours_scores_ms']:.2f}, "
+            f"top-k {row['ours_topk_ms']:.2f}) vs in-tree {row['in_tree_select_ms']:.2f}; attention ours "
+            f"{row['ours_attention_ms']:.2f} vs in-tree {row['in_tree_attention_ms']:.2f}; identical sets "
+            f"{row['selection_identical']:.4f}; union {row['union_mean']:.1f} (random {row['random_union_mean']:.1f})")
+        bench.save()
+
+
+# ---- summary ---------------------------------------------------------------------------------------------
+def summarize(results: dict) -> dict:
+    """The headline ratios (nvfp4_sparse over the in-tree path) and the per-layer breakdown."""
+    summary: dict = {}
+    by_model = results.get("one_batch_by_model", {})
+    if MODEL in by_model:
+        rows = one_batch_summary({MODEL: by_model[MODEL]})[MODEL]
+        summary["one_batch"] = rows
+
+        def ratio(phase, batch, input_len):
+            for r in rows:
+                if (r["batch_size"], r["input_len"]) == (batch, input_len) and f"{phase}_ratio" in r:
+                    return r[f"{phase}_ratio"]
+            return None
+
+        summary.update(prefill_speedup_32k=ratio("prefill", 1, 32768), prefill_speedup_128k=ratio("prefill", 1, 131072),
+                       decode_speedup_32k=ratio("decode", 8, 32768))
+        capacity = {b: e.get("max_total_num_tokens") for b, e in by_model[MODEL].items()}
+        if capacity.get("nvfp4_sparse") and capacity.get(IN_TREE):
+            summary["capacity_ratio"] = capacity["nvfp4_sparse"] / capacity[IN_TREE]
+        summary["capacity_tokens"] = capacity
+    kernel_rows = results.get("kernels", [])
+    if kernel_rows:
+        summary["selection_identical"] = {r["T"]: r["selection_identical"] for r in kernel_rows}
+        summary["breakdown"] = [_breakdown(r, by_model.get(MODEL, {})) for r in kernel_rows]
+    if results.get("server", {}).get("agreement"):
+        summary["server_agreement"] = results["server"]["agreement"]
+    return summary
+
+
+def _prefill_latency_ms(entry: dict, input_len: int) -> float | None:
+    for a in entry.get("attempts", []):
+        if (a["batch_size"], a["input_len"]) == (1, input_len) and a.get("status") == "ok":
+            return 1e3 * a["result"]["prefill_latency"]
+    return None
+
+
+def _breakdown(row: dict, one_batch: dict) -> dict:
+    """Per backend at T: the layers' index scoring + top-k and attention (kernel timings x LAYERS), and the
+    rest of the batch-1 one_batch prefill (projections, MoE, norms, sampling, launch gaps)."""
+    out = {"T": row["T"]}
+    for name, backend in (("ours", "nvfp4_sparse"), ("in_tree", IN_TREE)):
+        part = {"index_and_topk_ms": LAYERS * row[f"{name}_select_ms"],
+                "attention_ms": LAYERS * row[f"{name}_attention_ms"]}
+        if name == "ours":
+            part.update(index_scores_ms=LAYERS * row["ours_scores_ms"], topk_ms=LAYERS * row["ours_topk_ms"])
+        total = _prefill_latency_ms(one_batch.get(backend, {}), row["T"])
+        if total is not None:
+            part.update(prefill_ms=total, rest_ms=total - part["index_and_topk_ms"] - part["attention_ms"])
+        out[backend] = part
+    return out
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    exit_on_sigterm()
+    bench = BenchRun(args.out, "m3.json", args.budget_s)
+    bench.results["gpu"] = gpu_description()
+    args.backends = runnable_backends(args.backends, bench.results)
+    try:
+        if "kernels" in args.steps:
+            run_kernels(bench, args)
+        if "one_batch" in args.steps:
+            e2e_one_batch.run_step(bench, args)
+            bench.save()
+        if "server" in args.steps:
+            model = dummy_model(bench.out_dir, MODEL, 16384)
+            e2e_server.run_step(bench, args.backends, model=model, extra_args=["--load-format", "dummy"])
+    finally:
+        bench.stop_children()
+        bench.results["wall_s"] = bench.spent()
+        bench.results["summary"] = summarize(bench.results)
+        bench.save()
+    log(f"summary: {bench.results['summary']}")
+
+
+if __name__ == "__main__":
+    main()
