@@ -12,6 +12,8 @@ Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in tha
   ``flash_prefill_with_gqa_share_sparse`` over bf16 K/V holding the same values, each with its own
   selections), and the overlap of the selections (mean distinct pages per 4-token tile, against per-token
   random top-16 on the same shape). Every call runs once untimed first (compilation, autotuning).
+  Decode: one step's selection and attention per layer as CUDA-graph replays (batch 1 and 8, 8K and 32K),
+  with the block table as wide as SGLang's decode graphs make it for one_batch's context length.
 * ``one_batch``: ``e2e_one_batch`` on ``m3``, ``--backends`` (default ``nvfp4_sparse triton``) at
   ``--input-lens`` x ``--batch-sizes``: prefill and decode throughput, KV capacity (``max_total_num_tokens``)
   at the same ``--mem-fraction-static``.
@@ -54,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=520.0)
     ap.add_argument("--backends", nargs="+", default=["nvfp4_sparse", IN_TREE])
     ap.add_argument("--kernel-t", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--decode-table-cols", type=int, default=1033,
+                    help="block-table width of the decode timings (one_batch's 131072 + 16 context: 1033)")
     ap.add_argument("--input-lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--output-len", type=int, default=16)
@@ -152,9 +156,39 @@ def kernel_case(t: int, gen: torch.Generator) -> dict:
     return row
 
 
+def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
+    """One decode step's selection and attention per layer, as CUDA-graph replays: ``batch`` requests of ``ctx``
+    tokens, a block table ``cols`` wide (SGLang's decode graphs size it for the context length)."""
+    from bench_kernels import decode_problem
+    from timing import graph_ms
+
+    from sglang_nvfp4 import kernels
+    from sglang_nvfp4.kernels import triton_indexer as ti
+
+    q, cache, _, block_table, req, pos, ks, vs, scale = decode_problem(batch, ctx, gen)
+    wide = torch.zeros(batch, cols, dtype=torch.int32, device=DEV)
+    wide[:, : block_table.shape[1]] = block_table
+    idx_q = torch.randn(batch, INDEX_HEADS, 128, device=DEV, generator=gen).bfloat16()
+    keys = torch.randn(cache.shape[0] * 128, 128, device=DEV, generator=gen).bfloat16()
+    ids = ti.select_learned_blocks(idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1)
+    out = torch.empty_like(q)
+    row = {"batch": batch, "ctx": ctx, "block_table_cols": cols}
+    row["select_us"] = 1e3 * graph_ms(
+        lambda: ti.select_learned_blocks(idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1))
+    row["attention_us"] = 1e3 * graph_ms(lambda: kernels.sparse_decode(q, cache, ids, wide, req, pos, ks, vs, scale,
+                                                                      out=out))
+    return row
+
+
 def run_kernels(bench: BenchRun, args) -> None:
     rows = bench.results.setdefault("kernels", [])
     gen = torch.Generator(device=DEV).manual_seed(0)
+    decode_rows = bench.results.setdefault("kernels_decode", [])
+    for batch, ctx in ((1, 8192), (8, 8192), (8, 32768)):
+        decode_rows.append(decode_case(batch, ctx, args.decode_table_cols, gen))
+        log(f"decode b{batch} ctx {ctx}: select {decode_rows[-1]['select_us']:.1f} us, attention "
+            f"{decode_rows[-1]['attention_us']:.1f} us")
+        bench.save()
     for t in args.kernel_t:
         if bench.skip_reason(f"kernels T={t}", 60):
             break

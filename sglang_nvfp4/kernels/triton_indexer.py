@@ -134,12 +134,12 @@ def _store_top_k(best_id, out_ptr, row_ok, TOPK: tl.constexpr, KPAD: tl.constexp
 
 
 @triton.jit
-def _tile_passes(req, in_range, tokens_in_tile):
-    """A token tile whose rows belong to one request is done in one pass; otherwise one pass per token."""
-    req_lo = tl.min(tl.where(in_range, req, 2147483647), axis=0)
-    req_hi = tl.max(tl.where(in_range, req, -1), axis=0)
-    one_request = req_lo == req_hi
-    return one_request, tl.where(one_request, 1, tokens_in_tile)
+def _pass_count(one_request, tokens_in_tile):
+    """1 for a tile of one request, else one pass per token. Arithmetic rather than ``tl.where(c, 1, n)``:
+    under the Triton interpreter with numpy 2 on the GPU host that ``where`` returns a 1-element array,
+    which a ``range`` bound rejects."""
+    single = one_request.to(tl.int32)
+    return single + (1 - single) * tokens_in_tile
 
 
 @triton.jit
@@ -158,7 +158,9 @@ def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, blo
     q = tl.load(queries_ptr + (tok[:, None].to(tl.int64) * HKV + h) * DQ + dims[None, :],
                 mask=in_range[:, None], other=0.0)
     best_score, best_id = _empty_top_k(TOKENS, TOPK, KPAD)
-    one_request, passes = _tile_passes(req, in_range, tl.sum(in_range.to(tl.int32), axis=0))
+    # a tile whose tokens belong to one request is done in one pass; otherwise one pass per token
+    one_request = tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
+    passes = _pass_count(one_request, tl.sum(in_range.to(tl.int32), axis=0))
     for p in range(0, passes):
         active = in_range & (one_request | (lane == p))
         r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
@@ -236,7 +238,9 @@ def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_pt
         col = tl.arange(0, BLOCKS)
         q = tl.load(idx_q_ptr + (tok.to(tl.int64) * HEADS + head)[:, None] * D + dims[None, :],
                     mask=in_range[:, None], other=0.0)
-        one_request, passes = _tile_passes(req, in_range, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
+        # one pass, or one per token when the tile spans requests (as in _select_kernel)
+        one_request = tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
+        passes = _pass_count(one_request, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
         for p in range(0, passes):
             active = in_range & (one_request | (lane == p))
             r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
