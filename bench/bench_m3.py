@@ -173,8 +173,10 @@ def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
     ids = ti.select_learned_blocks(idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1)
     out = torch.empty_like(q)
     row = {"batch": batch, "ctx": ctx, "block_table_cols": cols}
-    row["select_us"] = 1e3 * graph_ms(
-        lambda: ti.select_learned_blocks(idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1))
+    for step in (64, ti.LEARNED_DECODE_STEP):  # blocks per merge step of the one-token selection programs
+        row[f"select_step{step}_us"] = 1e3 * graph_ms(lambda: ti.select_learned_blocks(
+            idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, decode_blocks_per_step=step))
+    row["select_us"] = row[f"select_step{ti.LEARNED_DECODE_STEP}_us"]
     row["attention_us"] = 1e3 * graph_ms(lambda: kernels.sparse_decode(q, cache, ids, wide, req, pos, ks, vs, scale,
                                                                       out=out))
     return row
@@ -186,8 +188,8 @@ def run_kernels(bench: BenchRun, args) -> None:
     decode_rows = bench.results.setdefault("kernels_decode", [])
     for batch, ctx in ((1, 8192), (8, 8192), (8, 32768)):
         decode_rows.append(decode_case(batch, ctx, args.decode_table_cols, gen))
-        log(f"decode b{batch} ctx {ctx}: select {decode_rows[-1]['select_us']:.1f} us, attention "
-            f"{decode_rows[-1]['attention_us']:.1f} us")
+        log(f"decode b{batch} ctx {ctx}: select {decode_rows[-1]['select_step64_us']:.1f} us (64 blocks per merge "
+            f"step) / {decode_rows[-1]['select_us']:.1f} us (256), attention {decode_rows[-1]['attention_us']:.1f} us")
         bench.save()
     for t in args.kernel_t:
         if bench.skip_reason(f"kernels T={t}", 60):

@@ -134,15 +134,6 @@ def _store_top_k(best_id, out_ptr, row_ok, TOPK: tl.constexpr, KPAD: tl.constexp
 
 
 @triton.jit
-def _pass_count(one_request, tokens_in_tile):
-    """1 for a tile of one request, else one pass per token. Arithmetic rather than ``tl.where(c, 1, n)``:
-    under the Triton interpreter with numpy 2 on the GPU host that ``where`` returns a 1-element array,
-    which a ``range`` bound rejects."""
-    single = one_request.to(tl.int32)
-    return single + (1 - single) * tokens_in_tile
-
-
-@triton.jit
 def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, block_ids_ptr,
                    num_tokens, stride_br, stride_bs, sink_blocks, local_blocks,
                    HKV: tl.constexpr, DQ: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
@@ -160,7 +151,7 @@ def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, blo
     best_score, best_id = _empty_top_k(TOKENS, TOPK, KPAD)
     # a tile whose tokens belong to one request is done in one pass; otherwise one pass per token
     one_request = tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
-    passes = _pass_count(one_request, tl.sum(in_range.to(tl.int32), axis=0))
+    passes = tl.where(one_request, 1, tl.sum(in_range.to(tl.int32), axis=0))
     for p in range(0, passes):
         active = in_range & (one_request | (lane == p))
         r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
@@ -212,6 +203,7 @@ def select_top_blocks(queries: torch.Tensor, keys: torch.Tensor, block_table: to
 
 # ---- the learned indexer (MiniMax-M3): index-key scores per block, then the same top-k ----------------
 LEARNED_SCORE_BYTES = 1 << 28  # fp32 block scores held at once; longer prefills are scored in token chunks
+LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection program (decode: few programs)
 
 
 @triton.jit
@@ -240,7 +232,7 @@ def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_pt
                     mask=in_range[:, None], other=0.0)
         # one pass, or one per token when the tile spans requests (as in _select_kernel)
         one_request = tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
-        passes = _pass_count(one_request, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
+        passes = tl.where(one_request, 1, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
         for p in range(0, passes):
             active = in_range & (one_request | (lane == p))
             r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
@@ -310,26 +302,29 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
 
 
 def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_blocks: int, local_blocks: int,
-                         tokens: int) -> None:
+                         tokens: int, blocks_per_step: int = BLOCKS_PER_STEP) -> None:
     """The selection rule over ``scores [Hi, n, S]`` of the tokens with positions ``pos [n]``, written to
-    ``block_ids [Hi, T, topk]`` from column ``tok0``."""
+    ``block_ids [Hi, T, topk]`` from column ``tok0``; ``tokens`` per program, ``blocks_per_step`` blocks
+    merged into the running top-k at a time."""
     heads, n, cols = scores.shape
     _select_scored_kernel[(triton.cdiv(n, tokens), heads)](
         scores, pos, block_ids, n, cols, tok0, block_ids.shape[1], sink_blocks, local_blocks,
-        TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens, BLOCKS=BLOCKS_PER_STEP,
+        TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens, BLOCKS=blocks_per_step,
         num_warps=4 if tokens <= 32 else 8,
     )
 
 
 def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                           pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
-                          score_bytes: int = LEARNED_SCORE_BYTES) -> torch.Tensor:
+                          score_bytes: int = LEARNED_SCORE_BYTES,
+                          decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_learned` (arguments checked there):
     int32 ``block_ids [Hi, T, topk]``.
 
     ``idx_q``: ``[T, Hi, D]``, cast to the keys' dtype; ``keys``: bf16/fp16 ``[slots, D]`` (row = cache
     slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Per chunk of tokens
-    (:func:`learned_score_chunks`), two kernels: block scores, then the selection."""
+    (:func:`learned_score_chunks`), two kernels: block scores, then the selection (a decode-like batch, one
+    token per program, merges ``decode_blocks_per_step`` blocks at a time: fewer, wider merges)."""
     t, heads, _ = idx_q.shape
     idx_q = idx_q.to(keys.dtype).contiguous()
     req, pos = req.contiguous(), pos.contiguous()
@@ -340,6 +335,9 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
         scores = torch.empty(heads, n, cols, dtype=torch.float32, device=idx_q.device)
         part = slice(c0, c0 + n)
         learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks)
-        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks,
-                             1 if tokens == 1 else 64)
+        if tokens == 1:
+            select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, 1,
+                                 decode_blocks_per_step)
+        else:
+            select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, 64)
     return block_ids
