@@ -56,8 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=520.0)
     ap.add_argument("--backends", nargs="+", default=["nvfp4_sparse", IN_TREE])
     ap.add_argument("--kernel-t", type=int, nargs="+", default=[32768, 131072])
-    ap.add_argument("--decode-table-cols", type=int, default=1033,
-                    help="block-table width of the decode timings (one_batch's 131072 + 16 context: 1033)")
+    ap.add_argument("--decode-table-cols", type=int, default=1032,
+                    help="block-table width of the decode timings (one_batch's context for 128K inputs, "
+                         "132096 tokens: 1032)")
     ap.add_argument("--input-lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--output-len", type=int, default=16)
@@ -99,19 +100,19 @@ def kernel_case(t: int, gen: torch.Generator) -> dict:
         return ti.select_learned_blocks(idx_q, keys, block_table, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1)
 
     ours_ids = ours_select()
-    tokens, blocks = ti.learned_tiling(t, 1)
+    tokens, blocks = ti.learned_tiling(t, 1, INDEX_HEADS)
     chunks = ti.learned_score_chunks(t, INDEX_HEADS, block_table.shape[1], tokens)
-    scores = torch.empty(INDEX_HEADS, chunks[0][1], block_table.shape[1], dtype=torch.float32, device=DEV)
+    scores = [torch.empty(INDEX_HEADS, n, block_table.shape[1], dtype=torch.float32, device=DEV) for _, n in chunks]
     scratch_ids = torch.empty_like(ours_ids)
 
-    def ours_scores():
-        for c0, n in chunks:
+    def ours_scores():  # the two stages of the chained call, timed apart (one score buffer per chunk)
+        for (c0, n), chunk_scores in zip(chunks, scores):
             part = slice(c0, c0 + n)
-            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores[:, :n], tokens, blocks)
+            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], chunk_scores, tokens, blocks)
 
-    def ours_topk():  # over the last chunk's scores, once per chunk: the same work as in the chained call
-        for c0, n in chunks:
-            ti.select_scored_blocks(scores[:, :n], pos[c0 : c0 + n], scratch_ids, c0, TOPK, INIT_BLOCKS,
+    def ours_topk():
+        for (c0, n), chunk_scores in zip(chunks, scores):
+            ti.select_scored_blocks(chunk_scores, pos[c0 : c0 + n], scratch_ids, c0, TOPK, INIT_BLOCKS,
                                     LOCAL_BLOCKS - 1, 64)
 
     ours_scores()

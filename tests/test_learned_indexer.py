@@ -67,9 +67,10 @@ def learned_problem(seed, seq_lens, tokens_per_request, heads=2, spare_pages=3, 
     return idx_q, keys, table, req, pos
 
 
-@pytest.mark.parametrize("topk, init_blocks, m3_local", [(16, 1, 1), (4, 1, 1), (6, 2, 3), (3, 0, 1)])
-def test_selection_equals_the_in_tree_semantics_in_float64(topk, init_blocks, m3_local):
-    idx_q, keys, table, req, pos = learned_problem(1, [1900, 700, 130], [40, 25, 9])
+@pytest.mark.parametrize("topk, init_blocks, m3_local, dtype", [(16, 1, 1, torch.bfloat16), (4, 1, 1, torch.float16),
+                                                                 (6, 2, 3, torch.bfloat16), (3, 0, 1, torch.float16)])
+def test_selection_equals_the_in_tree_semantics_in_float64(topk, init_blocks, m3_local, dtype):
+    idx_q, keys, table, req, pos = learned_problem(1, [1900, 700, 130], [40, 25, 9], dtype=dtype)
     got = select_blocks_learned(idx_q, keys, table, req, pos, topk=topk, sink_blocks=init_blocks,
                                 local_blocks=m3_local - 1, impl="torch")
     assert torch.equal(got, m3_selection_f64(idx_q, keys.keys, table, req, pos, topk, init_blocks, m3_local))
@@ -129,9 +130,15 @@ def test_indexer_keeps_index_keys_of_its_sparse_layers():
 
 
 # ---- Triton kernels -------------------------------------------------------------------------------------
-def check_kernel_on_exact_ties(device):
-    for seed, seq_lens, tokens in [(4, [1900, 700, 130], [40, 25, 9]), (5, [5000], [70]), (6, [300] * 5, [1] * 5)]:
-        idx_q, keys, table, req, pos = learned_problem(seed, seq_lens, tokens)
+def check_kernel_on_exact_ties(device, dtype=torch.float16):
+    # prefill tiles within and across requests, 2, 3 and 8 index heads (tiles of 32, 32 and 16 tokens), and
+    # decode-like batches (one token per request): up to 22 blocks, so several score programs per token
+    cases = [(4, [1900, 700, 130], [40, 25, 9], 2), (5, [5000], [70], 3), (8, [1500, 900], [20, 20], 8),
+             (6, [300] * 5, [1] * 5, 2), (7, [2800, 2500, 1300], [1, 1, 1], 4)]
+    for seed, seq_lens, tokens, heads in cases:
+        idx_q, keys, table, req, pos = learned_problem(seed, seq_lens, tokens, heads=heads, dtype=dtype)
+        if tokens[0] == 1:
+            pos = torch.tensor(seq_lens, dtype=torch.int32) - 1  # decode: the last position of each request
         keys.keys = keys.keys.to(device)
         args = [x.to(device) for x in (idx_q, table, req, pos)]
         for topk, sink, local in [(16, 1, 0), (5, 2, 1)]:
@@ -153,6 +160,20 @@ def check_kernel_in_token_chunks(device):
     assert torch.equal(chunked, want)
 
 
+def check_decode_merge_steps(device):
+    # one-token programs merging 4 blocks at a time (many merge steps) and 256 (one step) agree with torch
+    from sglang_nvfp4.kernels.triton_indexer import select_learned_blocks
+
+    idx_q, keys, table, req, _ = learned_problem(9, [2800, 2500, 1300], [1, 1, 1], heads=4)
+    pos = torch.tensor([2799, 2499, 1299], dtype=torch.int32)
+    keys.keys = keys.keys.to(device)
+    args = [x.to(device) for x in (idx_q, table, req, pos)]
+    want = select_blocks_learned(args[0], keys, *args[1:], topk=16, sink_blocks=1, local_blocks=0, impl="torch")
+    for step in (4, 256):
+        assert torch.equal(select_learned_blocks(args[0], keys.keys, *args[1:], 16, 1, 0, decode_blocks_per_step=step),
+                           want), step
+
+
 if INTERPRETED:
 
     def test_learned_kernel_matches_torch_on_exact_ties():
@@ -161,14 +182,19 @@ if INTERPRETED:
     def test_learned_kernel_scores_long_prefills_in_chunks():
         check_kernel_in_token_chunks("cpu")
 
+    def test_learned_decode_kernel_merges_in_steps():
+        check_decode_merge_steps("cpu")
+
 else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
     def test_learned_kernels_under_the_triton_interpreter():
-        run_module_interpreted(__file__, 9, timeout=900)  # the torch tests run there too
+        run_module_interpreted(__file__, 10, timeout=900)  # the torch tests run there too
 
     @pytest.mark.gpu
     @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA device")
     def test_compiled_learned_kernels_match_torch():
-        check_kernel_on_exact_ties("cuda")
+        for dtype in (torch.float16, torch.bfloat16):  # bf16: the dtype SGLang serves M3 in
+            check_kernel_on_exact_ties("cuda", dtype)
         check_kernel_in_token_chunks("cuda")
+        check_decode_merge_steps("cuda")

@@ -35,10 +35,16 @@ def fresh_startup_config():
 
 def test_m3_sparsity_from_the_checkpoint_config():
     m3 = m3_sparsity(m3_config(sparse_init_block=2, sparse_local_block=3, sparse_topk_blocks=12))
-    assert m3 == M3Sparsity(frozenset({1, 2, 3}), 4, 12, 2, 3)
+    assert m3 == M3Sparsity(frozenset({1, 2, 3}), 12, 2, 3, torch.bfloat16)
     # a pipeline stage holding layers 2..3: local ids; M3's local count includes the own block, ours does not
-    assert m3.indexer_kind(2, 2) == (LearnedIndexer, {"sparse_layers": (0, 1), "topk": 12, "sink_blocks": 2,
-                                                      "local_blocks": 2})
+    options = {"topk": 12, "sink_blocks": 2, "local_blocks": 2, "key_dtype": torch.bfloat16}
+    assert m3.indexer_kind(2, 2) == (LearnedIndexer, {"sparse_layers": (0, 1), **options})
+    # layers forced dense (NVFP4_SPARSE_DENSE_LAYERS) keep no index keys; "all" (None) leaves none sparse
+    assert m3.indexer_kind(0, 4, frozenset({2}))[1]["sparse_layers"] == (1, 3)
+    assert m3.indexer_kind(0, 4, None)[1]["sparse_layers"] == ()
+    fp16 = m3_config()
+    fp16.torch_dtype = torch.float16
+    assert m3_sparsity(fp16).key_dtype == torch.float16
     tokens = m3_sparsity(m3_config(sparse_init_block=None, sparse_local_block=None, sparse_init_tokens=200,
                                    sparse_local_tokens=100))
     assert (tokens.init_blocks, tokens.local_blocks) == (2, 2)  # SGLang's ceil(tokens / 128) (+1 for local)
@@ -54,6 +60,8 @@ def test_m3_sparsity_from_the_checkpoint_config():
     ({"sparse_num_index_heads": 8}, "sparse_num_index_heads=8 is not supported .*one index head per KV head"),
     ({"sparse_init_block": 10, "sparse_local_block": 7}, "do not fit sparse_topk_blocks=16"),
     ({"sparse_attention_freq": [1, 1]}, "sparse_attention_freq has 2 entries for 4 layers"),
+    ({"sparse_attention_freq": None}, "sparse_attention_freq has 0 entries for 4 layers"),
+    ({"sparse_disable_index_value": [1, 1]}, r"index value heads .* on layers \[2, 3\]"),
 ])
 def test_unsupported_m3_variants_are_refused_naming_the_field(change, message):
     with pytest.raises(ValueError, match=message):
@@ -82,7 +90,9 @@ def test_pool_bytes_count_the_index_keys_of_the_ranks_sparse_layers(monkeypatch)
     assert plugin.cell_size_override(kvc, 2) == math.ceil(2 * 2 * 144 + 2 * 256 + 48 + 8 / 128)
     config = load_config({}).for_model(hf)
     assert config.indexer_state_bytes(4, 2) == StateBytes(per_token=3 * 256)
-    assert load_config({}).indexer_kind()[0] is SummaryIndexer
+    assert load_config({}).indexer_kind(0, 4)[0] is SummaryIndexer
+    assert load_config({"NVFP4_SPARSE_DENSE_LAYERS": "1"}).for_model(hf).indexer_state_bytes(4, 2) == \
+        StateBytes(per_token=2 * 256)
     ix = config.build_indexer(4, 3, 2, "cpu")
     assert isinstance(ix, LearnedIndexer) and sorted(ix.index_keys) == [1, 2, 3]
     assert ix.state_nbytes() == 3 * 3 * 128 * 128 * 2

@@ -103,8 +103,17 @@ def test_longer_prompts_attend_a_learned_top_16_and_hit_the_radix_cache(m3_serve
         ours = [x[0] for x in got["meta_info"]["input_token_logprobs"][16 * 128 + 1 :]]
         dense = [x[0] for x in full["meta_info"]["input_token_logprobs"][16 * 128 + 1 :]]
         differs += ours != dense
-        again = m3_server.generate(text + " key value", max_new_tokens=6)
-        assert again["meta_info"]["cached_tokens"] >= 16 * 128  # prefix pages and their index keys reused
+        extended = m3_server.generate(text + " key value", max_new_tokens=6)
+        assert extended["meta_info"]["cached_tokens"] >= 16 * 128  # prefix pages and their index keys reused
+        again = m3_server.generate(text, max_new_tokens=6, return_logprob=True)  # no input logprobs: cache usable
+        assert again["meta_info"]["cached_tokens"] >= 16 * 128
+        # served from cached pages, selected with cached index keys: the same answer, the same logprobs
+        assert again["output_ids"] == got["output_ids"]
+        cached_delta = max(abs(a[0] - b[0]) for a, b in zip(again["meta_info"]["output_token_logprobs"],
+                                                             got["meta_info"]["output_token_logprobs"]))
+        sparse_delta = max(abs(a - b) for a, b in zip(ours, dense))
+        print(f"long prompt: |logprob| cached vs first {cached_delta:.2e}, sparse vs every block {sparse_delta:.2e}")
+        assert cached_delta == 0.0
     assert differs == len(prompts["long"])  # past 16 blocks the selection drops blocks: outputs move
 
 

@@ -525,7 +525,7 @@ def test_m3_sparse_layers_select_with_their_index_keys_and_return_idx_o_and_outp
     from sglang_nvfp4.sglang import backend as backend_module
     from sglang_nvfp4.sglang.minimax_m3 import M3Sparsity
 
-    m3 = M3Sparsity(sparse_layers=frozenset({0}), num_layers=1, topk=4, init_blocks=1, local_blocks=2)
+    m3 = M3Sparsity(sparse_layers=frozenset({0}), topk=4, init_blocks=1, local_blocks=2)
     monkeypatch.setattr(backend_module, "startup_config", lambda: SparseConfig(model=m3))
     h = Harness(num_heads=32, num_kv_heads=2, seed=4)
     assert isinstance(h.backend.indexer, LearnedIndexer) and h.backend.dense_layer == [False]
@@ -535,7 +535,8 @@ def test_m3_sparse_layers_select_with_their_index_keys_and_return_idx_o_and_outp
     q, k, v = h.qkv(n)
     idx_q = torch.randn(n, 2, 128, generator=h.gen).bfloat16()
     idx_k = torch.randn(n, 1, 128, generator=h.gen).bfloat16()
-    # independent expectation: index keys written by the test, the learned selection, the contract's reference
+    # expectation built beside the backend: index keys written by the test, the learned selection (tested on its
+    # own against a float64 model in test_learned_indexer.py), the contract's reference: checks the wiring
     keys = IndexKeys(h.pool.num_pages)
     keys.write(h.req_to_token_pool.req_to_token[0, :n].long(), idx_k)
     table = torch.tensor([pages], dtype=torch.int32)

@@ -134,6 +134,12 @@ def _store_top_k(best_id, out_ptr, row_ok, TOPK: tl.constexpr, KPAD: tl.constexp
 
 
 @triton.jit
+def _one_request(req, in_range):
+    """Whether the tile's tokens all belong to one request (then one pass serves them all)."""
+    return tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
+
+
+@triton.jit
 def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, block_ids_ptr,
                    num_tokens, stride_br, stride_bs, sink_blocks, local_blocks,
                    HKV: tl.constexpr, DQ: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
@@ -149,8 +155,7 @@ def _select_kernel(queries_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, blo
     q = tl.load(queries_ptr + (tok[:, None].to(tl.int64) * HKV + h) * DQ + dims[None, :],
                 mask=in_range[:, None], other=0.0)
     best_score, best_id = _empty_top_k(TOKENS, TOPK, KPAD)
-    # a tile whose tokens belong to one request is done in one pass; otherwise one pass per token
-    one_request = tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
+    one_request = _one_request(req, in_range)  # one pass; else one pass per token
     passes = tl.where(one_request, 1, tl.sum(in_range.to(tl.int32), axis=0))
     for p in range(0, passes):
         active = in_range & (one_request | (lane == p))
@@ -230,8 +235,7 @@ def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_pt
         col = tl.arange(0, BLOCKS)
         q = tl.load(idx_q_ptr + (tok.to(tl.int64) * HEADS + head)[:, None] * D + dims[None, :],
                     mask=in_range[:, None], other=0.0)
-        # one pass, or one per token when the tile spans requests (as in _select_kernel)
-        one_request = tl.min(tl.where(in_range, req, 2147483647), axis=0) == tl.max(tl.where(in_range, req, -1), axis=0)
+        one_request = _one_request(req, in_range)  # one pass; else one pass per token
         passes = tl.where(one_request, 1, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
         for p in range(0, passes):
             active = in_range & (one_request | (lane == p))
@@ -273,11 +277,13 @@ def _select_scored_kernel(scores_ptr, pos_ptr, block_ids_ptr, num_tokens, num_co
     _store_top_k(best_id, out, in_range, TOPK, KPAD)
 
 
-def learned_tiling(num_tokens: int, num_rows: int) -> tuple[int, int]:
+def learned_tiling(num_tokens: int, num_rows: int, heads: int) -> tuple[int, int]:
     """(tokens per program, blocks per score program): decode-like batches (``T <= R``, about one token per
     request) take one token per program and 4 blocks per program (more programs per token); prefill
-    tiles take 32 tokens and 16 blocks."""
-    return (1, 4) if num_tokens <= num_rows else (32, 16)
+    tiles take 128 rows of (token, index head), 32 tokens of 4 heads, and 16 blocks."""
+    if num_tokens <= num_rows:
+        return 1, 4
+    return max(1, 128 // triton.next_power_of_2(heads)), 16
 
 
 def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
@@ -290,8 +296,10 @@ def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
 
 def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int, blocks: int) -> None:
     """Block scores of the tokens of ``idx_q [n, Hi, D]`` (same dtype as ``keys``, contiguous), ``req`` and
-    ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible blocks only)."""
+    ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible blocks only; contiguous)."""
     n, heads, d = idx_q.shape
+    if not (scores.is_contiguous() and idx_q.is_contiguous() and keys.is_contiguous()):
+        raise ValueError("learned_block_scores: idx_q, keys and scores must be contiguous")
     hp = triton.next_power_of_2(heads)
     rows = max(16, tokens * hp)  # tl.dot needs 16 rows
     cols = block_table.shape[1]
@@ -307,6 +315,8 @@ def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_bloc
     ``block_ids [Hi, T, topk]`` from column ``tok0``; ``tokens`` per program, ``blocks_per_step`` blocks
     merged into the running top-k at a time."""
     heads, n, cols = scores.shape
+    if not (scores.is_contiguous() and block_ids.is_contiguous()):
+        raise ValueError("select_scored_blocks: scores and block_ids must be contiguous")
     _select_scored_kernel[(triton.cdiv(n, tokens), heads)](
         scores, pos, block_ids, n, cols, tok0, block_ids.shape[1], sink_blocks, local_blocks,
         TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens, BLOCKS=blocks_per_step,
@@ -330,14 +340,11 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
     req, pos = req.contiguous(), pos.contiguous()
     cols = block_table.shape[1]
     block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=idx_q.device)
-    tokens, blocks = learned_tiling(t, block_table.shape[0])
+    tokens, blocks = learned_tiling(t, block_table.shape[0], heads)
+    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (64, BLOCKS_PER_STEP)
     for c0, n in learned_score_chunks(t, heads, cols, tokens, score_bytes):
         scores = torch.empty(heads, n, cols, dtype=torch.float32, device=idx_q.device)
         part = slice(c0, c0 + n)
         learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks)
-        if tokens == 1:
-            select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, 1,
-                                 decode_blocks_per_step)
-        else:
-            select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, 64)
+        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
     return block_ids

@@ -82,11 +82,11 @@ class SparseConfig:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS: layer ids {beyond} are beyond the model's {num_layers} layers "
                              f"(0..{num_layers - 1})")
 
-    def indexer_kind(self, start_layer: int = 0, num_layers: int = 0) -> tuple[type, dict]:
+    def indexer_kind(self, start_layer: int, num_layers: int) -> tuple[type, dict]:
         """The indexer of a process's layers ``start_layer .. start_layer + num_layers - 1``: its class and
         the options it is built and sized with (one place, so that the pool sizing and the build agree)."""
         if self.model is not None:
-            return self.model.indexer_kind(start_layer, num_layers)
+            return self.model.indexer_kind(start_layer, num_layers, self.dense_layers)
         return SummaryIndexer, {"method": self.indexer, "topk": self.topk, "sink_blocks": self.sink_blocks,
                                 "local_blocks": self.local_blocks}
 

@@ -12,7 +12,8 @@ M3 pool (``MiniMaxSparseKVPool``) and hybrid backend are replaced by the plugin'
 Supported (else a start-up error naming the field): ``sparse_block_size`` 128 (one page = one block),
 ``sparse_index_dim`` 128, ``sparse_topk_blocks`` <= 16 (the kernels' width), ``sparse_score_type``
 ``max``, one index head per KV head (``sparse_num_index_heads == num_key_value_heads``; SGLang unions
-the selections of several index heads to ``g * topk`` blocks), index value heads disabled on every
+the selections of several index heads to ``g * topk`` blocks; fewer index heads than KV heads has no
+in-tree meaning), index value heads disabled on every
 sparse layer (``sparse_disable_index_value``: the released M3 has no ``index_v_proj``).
 """
 
@@ -21,11 +22,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from .. import format as fmt
 from ..indexer import LearnedIndexer
 from ..indexer.learned import INDEX_DIM
-
-M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -33,21 +34,28 @@ class M3Sparsity:
     """What this backend serves of an M3 checkpoint's ``sparse_attention_config``."""
 
     sparse_layers: frozenset[int]  # global ids of the layers with the learned indexer
-    num_layers: int
     topk: int  # sparse_topk_blocks
     init_blocks: int  # sparse_init_block: leading blocks always attended
     local_blocks: int  # sparse_local_block: trailing blocks always attended, the token's own included
+    key_dtype: torch.dtype = torch.bfloat16  # the checkpoint's torch_dtype (fp16 or else bf16): SGLang keeps
+    # index keys in the model dtype too (a --dtype override of the checkpoint's is not followed)
 
-    def indexer_kind(self, start_layer: int, num_layers: int) -> tuple[type, dict]:
-        """The indexer of the ranks' layers ``start_layer .. start_layer + num_layers - 1`` and its options
-        (this project's rule counts ``local_blocks`` before the own block)."""
-        local = tuple(x - start_layer for x in sorted(self.sparse_layers) if start_layer <= x < start_layer + num_layers)
+    def indexer_kind(self, start_layer: int, num_layers: int, dense_layers=frozenset()) -> tuple[type, dict]:
+        """The indexer of a rank's layers ``start_layer .. start_layer + num_layers - 1`` and its options (this
+        project's rule counts ``local_blocks`` before the own block). Layers in ``dense_layers`` (global ids,
+        ``None`` = every layer) attend every block, so they keep no index keys."""
+        local = tuple(x - start_layer for x in sorted(self.sparse_layers)
+                      if start_layer <= x < start_layer + num_layers and dense_layers is not None
+                      and x not in dense_layers)
         return LearnedIndexer, {"sparse_layers": local, "topk": self.topk, "sink_blocks": self.init_blocks,
-                                "local_blocks": self.local_blocks - 1}
+                                "local_blocks": self.local_blocks - 1, "key_dtype": self.key_dtype}
 
 
 def is_m3(hf_config) -> bool:
-    return ((getattr(hf_config, "architectures", None) or [None])[0]) in M3_ARCHITECTURES
+    """SGLang's own test (``is_minimax_sparse``: the architecture name), which routes M3 to its pool and backend."""
+    from sglang.srt.configs.model_config import is_minimax_sparse
+
+    return is_minimax_sparse(hf_config)
 
 
 def _text_config(hf_config):
@@ -63,13 +71,13 @@ def m3_sparsity(hf_config) -> M3Sparsity | None:
     where = "nvfp4_sparse: MiniMax-M3 sparse_attention_config"
     if not cfg:
         raise ValueError(f"{where} is missing")
-    freq = list(cfg["sparse_attention_freq"])
+    freq = list(cfg.get("sparse_attention_freq") or [])
     num_layers = text.num_hidden_layers
     if len(freq) != num_layers:
         raise ValueError(f"{where}: sparse_attention_freq has {len(freq)} entries for {num_layers} layers")
     sparse = frozenset(i for i, f in enumerate(freq) if f)
-    no_value = cfg.get("sparse_disable_index_value") or [0] * num_layers
-    with_value = sorted(i for i in sparse if not no_value[i])
+    no_value = list(cfg.get("sparse_disable_index_value") or [])
+    with_value = sorted(i for i in sparse if i >= len(no_value) or not no_value[i])
     if with_value:
         raise ValueError(f"{where}: index value heads (sparse_disable_index_value 0) on layers {with_value} are not "
                          "supported; only index keys (the released M3 has no index_v_proj)")
@@ -92,4 +100,6 @@ def m3_sparsity(hf_config) -> M3Sparsity | None:
     if init < 0 or local < 1 or init + local > topk:
         raise ValueError(f"{where}: sparse_init_block={init}, sparse_local_block={local} do not fit "
                          f"sparse_topk_blocks={topk} (need init >= 0, local >= 1, init + local <= topk)")
-    return M3Sparsity(sparse, num_layers, topk, init, local)
+    dtype = getattr(text, "torch_dtype", None) or getattr(hf_config, "torch_dtype", None)
+    key_dtype = torch.float16 if dtype in (torch.float16, "float16") else torch.bfloat16
+    return M3Sparsity(sparse, topk, init, local, key_dtype)
