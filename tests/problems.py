@@ -26,6 +26,20 @@ class Problem:
         return self.cache.shape[1] // 2
 
 
+def shuffled_block_table(gen: torch.Generator, seq_lens: list[int], spare_pages: int) -> tuple[torch.Tensor, int]:
+    """Requests of ``seq_lens`` tokens on pages drawn at random from ``sum(blocks) + spare_pages``: int32
+    ``[R, max blocks + 2]``, -1 past each request's last block; returns ``(table, num_pages)``."""
+    blocks = [-(-n // fmt.PAGE_SIZE) for n in seq_lens]
+    num_pages = sum(blocks) + spare_pages
+    perm = torch.randperm(num_pages, generator=gen)
+    table = torch.full((len(seq_lens), max(blocks) + 2), -1, dtype=torch.int32)
+    used = 0
+    for r, b in enumerate(blocks):
+        table[r, :b] = perm[used : used + b].int()
+        used += b
+    return table, num_pages
+
+
 def make_problem(
     seed: int,
     seq_lens: list[int],

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from problems import all_block_ids, make_problem
+from problems import all_block_ids, make_problem, shuffled_block_table
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import BlockIndexer, BlockSummaries, StateBytes, SummaryIndexer, select_blocks
 from sglang_nvfp4.quality.block_mass import block_attention_mass, oracle_blocks
@@ -33,14 +33,7 @@ def exact_problem(seed, seq_lens, tokens_per_request, hkv=2, group=4, distinct_s
     score is exact in fp16/fp32 whatever the summation order. Requests sit on shuffled pages; query
     tokens are random positions of each request. Returns (q, summaries, block_table, req, pos)."""
     gen = torch.Generator().manual_seed(seed)
-    blocks = [-(-n // fmt.PAGE_SIZE) for n in seq_lens]
-    num_pages = sum(blocks) + spare_pages
-    perm = torch.randperm(num_pages, generator=gen)
-    table = torch.full((len(seq_lens), max(blocks) + 2), -1, dtype=torch.int32)
-    used = 0
-    for r, b in enumerate(blocks):
-        table[r, :b] = perm[used : used + b].int()
-        used += b
+    table, num_pages = shuffled_block_table(gen, seq_lens, spare_pages)
     s = BlockSummaries(num_pages, hkv)
     pool_mean = torch.randint(-8, 9, (distinct_summaries, hkv, fmt.HEAD_DIM), generator=gen)
     pool_min = torch.randint(-8, 1, (distinct_summaries, hkv, fmt.HEAD_DIM), generator=gen)

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from problems import shuffled_block_table
 from triton_interpreter import run_module_interpreted
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import IndexKeys, LearnedIndexer, StateBytes, select_blocks_learned
@@ -50,14 +51,7 @@ def learned_problem(seed, seq_lens, tokens_per_request, heads=2, spare_pages=3, 
     positions of each request (chunk and prefix offsets, partial own blocks). Returns
     (idx_q [T, heads, D], IndexKeys, block_table, req, pos)."""
     gen = torch.Generator().manual_seed(seed)
-    blocks = [-(-n // fmt.PAGE_SIZE) for n in seq_lens]
-    num_pages = sum(blocks) + spare_pages
-    perm = torch.randperm(num_pages, generator=gen)
-    table = torch.full((len(seq_lens), max(blocks) + 2), -1, dtype=torch.int32)
-    used = 0
-    for r, b in enumerate(blocks):
-        table[r, :b] = perm[used : used + b].int()
-        used += b
+    table, num_pages = shuffled_block_table(gen, seq_lens, spare_pages)
     keys = IndexKeys(num_pages, dtype=dtype)
     keys.keys.copy_(torch.randint(-values, values + 1, keys.keys.shape, generator=gen).to(dtype))
     req = torch.cat([torch.full((m,), r, dtype=torch.int32) for r, m in enumerate(tokens_per_request)])
