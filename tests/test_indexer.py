@@ -7,7 +7,7 @@ import torch
 
 from problems import all_block_ids, make_problem, shuffled_block_table
 from sglang_nvfp4 import format as fmt
-from sglang_nvfp4.indexer import BlockIndexer, BlockSummaries, StateBytes, SummaryIndexer, select_blocks
+from sglang_nvfp4.indexer import BlockIndexer, BlockSummaries, ProxyIndexer, StateBytes, SummaryIndexer, select_blocks
 from sglang_nvfp4.quality.block_mass import block_attention_mass, oracle_blocks
 from sglang_nvfp4.reference import sparse_prefill_reference
 
@@ -283,7 +283,8 @@ def test_indexers_are_interchangeable_behind_the_protocol():
     p = make_problem(7, [2600, 900], [50, 20], num_kv_heads=2)
     default = SummaryIndexer(num_layers=2, num_pages=p.cache.shape[0], num_kv_heads=2)
     newest = NewestBlocksIndexer(p.cache.shape[0] * fmt.PAGE_SIZE)
-    for indexer in (default, newest):
+    proxy = ProxyIndexer(num_layers=2, num_pages=p.cache.shape[0], num_kv_heads=2)
+    for indexer in (default, newest, proxy):
         assert isinstance(indexer, BlockIndexer)
         for r, n in enumerate(p.seq_lens):
             indexer.on_kv_written(1, p.cache, request_slots(p.block_table, r, 0, n), idx_k=None)

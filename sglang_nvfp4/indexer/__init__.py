@@ -8,6 +8,8 @@
   scoring), torch on CPU, Triton kernels (:mod:`sglang_nvfp4.kernels.triton_indexer`) on GPUs.
 * :mod:`.learned`: :class:`LearnedIndexer`, selection from a model's own index projections
   (MiniMax-M3's learned indexer), keeping the model's index keys per token slot.
+* :mod:`.proxy`: the training-free :class:`ProxyIndexer`, M3's scoring with the head-mean query against
+  every cached key (no state of its own).
 
 Evaluation-only code (true attention mass per block, oracle selections) lives in
 :mod:`sglang_nvfp4.quality.block_mass`.
@@ -16,6 +18,7 @@ Evaluation-only code (true attention mass per block, oracle selections) lives in
 from .protocol import BlockIndexer, StateBytes
 from .rules import all_visible_blocks, forced_blocks, rank_blocks
 from .learned import IndexKeys, LearnedIndexer, select_blocks_learned
+from .proxy import ProxyIndexer, select_blocks_proxy
 from .summary import METHODS, BlockSummaries, SummaryIndexer, aggregate_queries, select_blocks
 
 __all__ = [
@@ -25,6 +28,8 @@ __all__ = [
     "LearnedIndexer",
     "IndexKeys",
     "select_blocks_learned",
+    "ProxyIndexer",
+    "select_blocks_proxy",
     "BlockSummaries",
     "METHODS",
     "select_blocks",

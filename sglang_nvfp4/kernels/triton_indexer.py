@@ -215,12 +215,20 @@ LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection prog
 def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
                            num_tokens, num_cols, stride_br, stride_bs,
                            HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
-                           ROWS: tl.constexpr, BLOCKS: tl.constexpr):
-    """Program (token tile, group of BLOCKS blocks): rows are (token, index head) pairs sharing the index
-    keys; per block ``S = idx_q . idx_k^T`` on the tensor cores, keys past the row's position masked,
-    the max over the block's 128 keys written to ``scores [HEADS, T, num_cols]`` (visible blocks only)."""
+                           ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
+                           FROM_CACHE: tl.constexpr, USE_PTX: tl.constexpr):
+    """Program (token tile, group of BLOCKS blocks, KV head): per block ``S = q . k^T`` on the tensor cores,
+    keys past the row's position masked, the max over the block's 128 keys written to ``scores [heads, T,
+    num_cols]`` (visible blocks only). Two key sources:
+
+    * index keys (``FROM_CACHE`` false; MiniMax-M3): rows are (token, index head) pairs, ``idx_q [T, HEADS,
+      D]``, all sharing the bf16/fp16 index keys ``keys [slots, D]``; one KV-head program;
+    * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are tokens, ``idx_q`` the aggregated
+      queries ``[T, HKV, 128]`` fp16, ``keys`` the cache; program_id(2) is the KV head. Decoded tiles hold
+      value / TILE_SCALE, a power of two, which changes no ranking."""
     tile = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
+    kv_head = tl.program_id(2)
     row = tl.arange(0, ROWS)
     lane = row // HP
     head = row % HP
@@ -230,10 +238,11 @@ def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_pt
     pos = tl.load(pos_ptr + tok, mask=in_range, other=0)
     own = pos // PAGE
     if first <= tl.max(tl.where(in_range, own, -1), axis=0):  # else no row sees a block of this group
+        q_heads = HKV if FROM_CACHE else HEADS
         dims = tl.arange(0, D)
         keyrow = tl.arange(0, PAGE)
         col = tl.arange(0, BLOCKS)
-        q = tl.load(idx_q_ptr + (tok.to(tl.int64) * HEADS + head)[:, None] * D + dims[None, :],
+        q = tl.load(idx_q_ptr + (tok.to(tl.int64) * q_heads + head + kv_head)[:, None] * D + dims[None, :],
                     mask=in_range[:, None], other=0.0)
         one_request = _one_request(req, in_range)  # one pass; else one pass per token
         passes = tl.where(one_request, 1, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
@@ -244,13 +253,17 @@ def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_pt
             score = tl.full((ROWS, BLOCKS), -float("inf"), tl.float32)
             for b in range(first, tl.minimum(first + BLOCKS, num_blocks)):
                 page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
-                k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
+                if FROM_CACHE:
+                    k = load_k_tile(keys_ptr, (page * (2 * HKV) + kv_head) * BLOCK_WORDS, USE_PTX)  # [128, 128]
+                else:
+                    k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
                 key_pos = keyrow + b * PAGE
                 s = tl.where(key_pos[None, :] <= pos[:, None], s, -float("inf"))
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
             block = first + col
-            out = scores_ptr + (head.to(tl.int64) * num_tokens + tok)[:, None] * num_cols + block[None, :]
+            out_head = (head + kv_head).to(tl.int64)
+            out = scores_ptr + (out_head * num_tokens + tok)[:, None] * num_cols + block[None, :]
             tl.store(out, score, mask=active[:, None] & (block[None, :] <= own[:, None]))
 
 
@@ -303,9 +316,25 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     hp = triton.next_power_of_2(heads)
     rows = max(16, tokens * hp)  # tl.dot needs 16 rows
     cols = block_table.shape[1]
-    _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks))](
+    _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
         idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
-        HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, num_warps=4 if rows <= 64 else 8,
+        HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False, USE_PTX=False,
+        num_warps=4 if rows <= 64 else 8,
+    )
+
+
+def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int) -> None:
+    """Block scores of the proxy indexer: aggregated queries ``[n, Hkv, 128]`` fp16 against the K of the
+    NVFP4 ``cache``, max-pooled per block, into ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only)."""
+    n, hkv, d = queries.shape
+    if not (scores.is_contiguous() and queries.is_contiguous()):
+        raise ValueError("proxy_block_scores: queries and scores must be contiguous")
+    rows = max(16, tokens)
+    cols = block_table.shape[1]
+    _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
+        queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
+        HEADS=1, HP=1, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
+        USE_PTX=uses_ptx(cache.device), num_warps=4 if rows <= 64 else 8,
     )
 
 
@@ -346,5 +375,28 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
         scores = torch.empty(heads, n, cols, dtype=torch.float32, device=idx_q.device)
         part = slice(c0, c0 + n)
         learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks)
+        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
+    return block_ids
+
+
+def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
+                        pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
+                        score_bytes: int = LEARNED_SCORE_BYTES,
+                        decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
+    """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
+    ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv, 128]``; ``cache`` the NVFP4
+    cache. The chunks, tiling and selection of :func:`select_learned_blocks`, with one KV head per score
+    program and 64-token tiles in prefill."""
+    t, hkv, _ = queries.shape
+    queries = queries.contiguous()
+    req, pos = req.contiguous(), pos.contiguous()
+    cols = block_table.shape[1]
+    block_ids = torch.empty(hkv, t, topk, dtype=torch.int32, device=queries.device)
+    tokens, blocks = (1, 4) if t <= block_table.shape[0] else (64, 16)
+    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (64, BLOCKS_PER_STEP)
+    for c0, n in learned_score_chunks(t, hkv, cols, tokens, score_bytes):
+        scores = torch.empty(hkv, n, cols, dtype=torch.float32, device=queries.device)
+        part = slice(c0, c0 + n)
+        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks)
         select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
     return block_ids

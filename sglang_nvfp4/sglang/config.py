@@ -8,8 +8,12 @@ variable                       default  meaning
 ``NVFP4_SPARSE_SINK_BLOCKS``   1        leading blocks every token always attends
 ``NVFP4_SPARSE_LOCAL_BLOCKS``  1        blocks just before the token's own that it always attends
 ``NVFP4_SPARSE_INDEXER``       quest    training-free block scoring: ``quest`` (per-dim min/max
-                                        bound; the better recall in ``bench/results/indexer_*``)
-                                        or ``mean`` (mean key; a third of the summary memory)
+                                        bound; the better recall in ``bench/results/indexer_*``),
+                                        ``mean`` (mean key; a third of the summary memory) or
+                                        ``proxy`` (head-mean query against every cached key,
+                                        max-pooled: the best recall in
+                                        ``bench/results/quality_scoring_recall.md``; its GPU
+                                        kernel is not yet run on a GPU)
 ``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
                                         (dense attention over the NVFP4 cache), or ``all``
 ``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton`` or ``flydsl`` kernels; validated
@@ -38,11 +42,12 @@ from dataclasses import dataclass
 
 from .. import format as fmt
 from .. import kernels
-from ..indexer import METHODS, BlockIndexer, StateBytes, SummaryIndexer
+from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIndexer
 from .minimax_m3 import M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
 _SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER")  # a model's own indexer replaces them
+INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,10 @@ class SparseConfig:
         the options it is built and sized with (one place, so that the pool sizing and the build agree)."""
         if self.model is not None:
             return self.model.indexer_kind(start_layer, num_layers, self.dense_layers)
-        return SummaryIndexer, {"method": self.indexer, "topk": self.topk, "sink_blocks": self.sink_blocks,
-                                "local_blocks": self.local_blocks}
+        selection = {"topk": self.topk, "sink_blocks": self.sink_blocks, "local_blocks": self.local_blocks}
+        if self.indexer == "proxy":
+            return ProxyIndexer, selection
+        return SummaryIndexer, {"method": self.indexer, **selection}
 
     def indexer_state_bytes(self, num_layers: int, num_kv_heads: int, start_layer: int = 0) -> StateBytes:
         """Memory of the indexer :meth:`build_indexer` makes, known before it is built (pool sizing)."""
@@ -122,8 +129,8 @@ def load_config(env=None) -> SparseConfig:
     sink = _int(env, "SINK_BLOCKS", 1, 0, topk - 1)
     local = _int(env, "LOCAL_BLOCKS", 1, 0, topk - 1 - sink)
     indexer = env.get(_PREFIX + "INDEXER") or "quest"
-    if indexer not in METHODS:
-        raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {METHODS}")
+    if indexer not in INDEXERS:
+        raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXERS}")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None

@@ -1,0 +1,109 @@
+"""The token-level proxy indexer (``NVFP4_SPARSE_INDEXER=proxy``): its selections against a float64
+brute force of the documented score and rule, and its Triton kernels against the torch path (this module
+re-runs itself under ``TRITON_INTERPRET=1`` on CPU, and runs the kernels compiled on a GPU)."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from problems import shuffled_block_table
+from triton_interpreter import run_module_interpreted
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4.indexer import BlockIndexer, ProxyIndexer, StateBytes, select_blocks_proxy
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+E4M3_ONE = 0x38  # the E4M3 byte of 1.0
+
+
+def exact_problem(seed, seq_lens, tokens_per_request, hkv=2, group=4, spare_pages=3):
+    """A cache of random E2M1 codes with every K scale 1.0 (keys in {0, +-0.5, ..., +-6}), rows past each
+    request's length random too (they must never count), and integer queries: the head means are multiples
+    of 1/4, so every logit is exact in fp16/fp32 whatever the summation order, and equal scores are common.
+    Returns (q [T, hkv * group, 128], cache, block_table, req, pos)."""
+    gen = torch.Generator().manual_seed(seed)
+    table, num_pages = shuffled_block_table(gen, seq_lens, spare_pages)
+    cache = fmt.alloc_cache(num_pages, hkv).random_(0, 256, generator=gen)
+    cache[:, :hkv, :, fmt.SCALE_OFFSET :] = E4M3_ONE
+    req = torch.cat([torch.full((m,), r, dtype=torch.int32) for r, m in enumerate(tokens_per_request)])
+    pos = torch.cat([torch.randint(0, n, (m,), generator=gen, dtype=torch.int32)
+                     for n, m in zip(seq_lens, tokens_per_request)])
+    q = torch.randint(-2, 3, (len(req), hkv * group, fmt.HEAD_DIM), generator=gen).to(torch.bfloat16)
+    return q, cache, table, req, pos
+
+
+def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks):
+    """The documented score one (KV head, token) at a time in float64: the fp16 head-mean query against every
+    key at or before the token, max per block; own/sink/local forced, the rest by (score desc, id asc)."""
+    hkv = cache.shape[1] // 2
+    out = torch.full((hkv, q.shape[0], topk), -1, dtype=torch.int32)
+    for i in range(q.shape[0]):
+        p, own = int(pos[i]), int(pos[i]) // fmt.PAGE_SIZE
+        pages = table[int(req[i]), : own + 1].long()
+        data = cache[pages, :hkv]
+        k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0).double()
+        for h in range(hkv):
+            qbar = q[i].double().view(hkv, -1, fmt.HEAD_DIM)[h].mean(0).half().double()
+            logits = k[:, h].reshape(-1, fmt.HEAD_DIM)[: p + 1] @ qbar
+            score = {b: float(logits[b * fmt.PAGE_SIZE : (b + 1) * fmt.PAGE_SIZE].max()) for b in range(own + 1)}
+            forced = {b for b in score if b == own or b < sink_blocks or b >= own - local_blocks}
+            rest = sorted((b for b in score if b not in forced), key=lambda b: (-score[b], b))
+            chosen = sorted(forced | set(rest[: max(0, topk - len(forced))]))[:topk]
+            out[h, i, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+    return out
+
+
+@pytest.mark.parametrize("topk, sink, local", [(16, 1, 1), (4, 1, 1), (6, 2, 0), (3, 0, 0)])
+def test_selection_follows_the_documented_score_and_rule(topk, sink, local):
+    q, cache, table, req, pos = exact_problem(1, [1900, 700, 130], [30, 20, 6])
+    got = select_blocks_proxy(q, cache, table, req, pos, topk=topk, sink_blocks=sink, local_blocks=local, impl="torch")
+    assert torch.equal(got, brute_force_f64(q, cache, table, req, pos, topk, sink, local))
+
+
+def test_proxy_indexer_keeps_no_state_and_is_configurable():
+    from sglang_nvfp4.sglang.config import load_config
+
+    ix = ProxyIndexer(2, 5, 2, "cpu", topk=8, sink_blocks=1, local_blocks=1)
+    assert isinstance(ix, BlockIndexer) and ix.state_nbytes() == 0
+    assert ProxyIndexer.state_bytes(2, 2, topk=8) == StateBytes()
+    q, cache, table, req, pos = exact_problem(2, [1300], [10])
+    assert torch.equal(ix.select(0, q, cache, table, req, pos),
+                       select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
+    config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
+    assert config.indexer_kind(0, 2) == (ProxyIndexer, {"topk": 8, "sink_blocks": 1, "local_blocks": 1})
+    assert config.indexer_state_bytes(2, 2) == StateBytes()
+    with pytest.raises(ValueError, match="INDEXER='bogus': expected one of \\('mean', 'quest', 'proxy'\\)"):
+        load_config({"NVFP4_SPARSE_INDEXER": "bogus"})
+
+
+def check_kernel_on_exact_ties(device):
+    # prefill tiles within and across requests, decode-like batches (one token per request), GQA 4 and 16
+    cases = [(4, [1900, 700, 130], [40, 25, 9], 4), (5, [5000], [70], 16), (6, [2800, 2500, 1300], [1, 1, 1], 4)]
+    for seed, seq_lens, tokens, group in cases:
+        q, cache, table, req, pos = exact_problem(seed, seq_lens, tokens, group=group)
+        if tokens[0] == 1:
+            pos = torch.tensor(seq_lens, dtype=torch.int32) - 1
+        args = [x.to(device) for x in (q, cache, table, req, pos)]
+        for topk, sink, local in [(16, 1, 1), (5, 2, 0)]:
+            want = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, impl="torch")
+            got = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, impl="triton")
+            assert torch.equal(got, want), (seed, topk)
+
+
+if INTERPRETED:
+
+    def test_proxy_kernel_matches_torch_on_exact_ties():
+        check_kernel_on_exact_ties("cpu")
+
+else:
+
+    @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
+    def test_proxy_kernels_under_the_triton_interpreter():
+        run_module_interpreted(__file__, 6, timeout=900)  # the torch tests run there too
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA device")
+    def test_compiled_proxy_kernels_match_torch():
+        check_kernel_on_exact_ties("cuda")
