@@ -11,8 +11,14 @@
   top-k held in registers (repeatedly moving the step's best candidate into the slot of the current
   worst while it ranks higher). A tile whose tokens belong to several requests (decode batches,
   request boundaries) is processed one token per pass. Scores for all blocks are never stored.
+* :func:`select_learned_blocks` (MiniMax-M3's learned indexer) and :func:`select_proxy_blocks` (the proxy
+  indexer): ``_key_scores_kernel`` scores every visible key on the tensor cores (``q . k^T`` per block of
+  128 keys: the model's index keys, or the K tiles of the NVFP4 cache decoded as attention does) and
+  max-reduces per block into fp32 block scores, in token chunks of at most ``LEARNED_SCORE_BYTES``; then
+  ``_select_scored_kernel`` applies the rule and the running top-k (the helpers ``_ranked_scores``,
+  ``_merge_top_k`` and ``_store_top_k`` it shares with ``_select_kernel``).
 
-Both are launched without host synchronisation (CUDA-graph safe) and take plain tensors; their
+All are launched without host synchronisation (CUDA-graph safe) and take plain tensors; their
 arguments are checked by :mod:`sglang_nvfp4.indexer`. Under ``TRITON_INTERPRET=1`` they run on CPU
 tensors (the tests use that); the variable must be set before this module is imported.
 """
@@ -212,7 +218,7 @@ LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection prog
 
 
 @triton.jit
-def _learned_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
+def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
                            num_tokens, num_cols, stride_br, stride_bs,
                            HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
                            ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
@@ -316,7 +322,7 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     hp = triton.next_power_of_2(heads)
     rows = max(16, tokens * hp)  # tl.dot needs 16 rows
     cols = block_table.shape[1]
-    _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
+    _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
         idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False, USE_PTX=False,
         num_warps=4 if rows <= 64 else 8,
@@ -331,7 +337,7 @@ def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: in
         raise ValueError("proxy_block_scores: queries and scores must be contiguous")
     rows = max(16, tokens)
     cols = block_table.shape[1]
-    _learned_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
+    _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=1, HP=1, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
         USE_PTX=uses_ptx(cache.device), num_warps=4 if rows <= 64 else 8,
