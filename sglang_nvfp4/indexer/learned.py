@@ -92,21 +92,34 @@ def select_blocks_learned(idx_q: torch.Tensor, keys: IndexKeys, block_table: tor
 
 
 def _select_torch(idx_q, keys, block_table, req, pos, topk, sink_blocks, local_blocks):
-    t, heads, _ = idx_q.shape
     check_index_values(block_table, req, pos, keys.shape[0] // fmt.PAGE_SIZE)
-    own = pos.long() // fmt.PAGE_SIZE
-    out = torch.empty(heads, t, topk, dtype=torch.int32, device=idx_q.device)
     rows = torch.arange(fmt.PAGE_SIZE, device=idx_q.device)
+
+    def request_keys(r: int, num_blocks: int) -> torch.Tensor:  # one index-key head, shared: [1, B * 128, D]
+        slots = (block_table[r, :num_blocks].long()[:, None] * fmt.PAGE_SIZE + rows).reshape(-1)
+        return keys[slots].float()[None]
+
+    return select_by_max_pooled_keys(idx_q, request_keys, req, pos, topk, sink_blocks, local_blocks)
+
+
+def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Tensor, pos: torch.Tensor, topk: int,
+                              sink_blocks: int, local_blocks: int) -> torch.Tensor:
+    """The torch path shared by the learned and the proxy indexer: int32 ``[H, T, topk]`` for ``queries [T, H,
+    D]``. ``request_keys(r, num_blocks)`` gives fp32 keys ``[H or 1, num_blocks * 128, D]`` of request ``r``'s
+    first blocks; a token scores a block by the max over its keys at positions <= ``pos`` of ``q . k``, then
+    the rule of :mod:`.rules` chooses. One request at a time, token chunks bounded by ``_SCORES_PER_CHUNK``."""
+    t, heads, _ = queries.shape
+    own = pos.long() // fmt.PAGE_SIZE
+    out = torch.empty(heads, t, topk, dtype=torch.int32, device=queries.device)
     for r in torch.unique(req).tolist():
         tokens = (req == r).nonzero()[:, 0]
         num_blocks = int(own[tokens].max()) + 1
-        slots = (block_table[r, :num_blocks].long()[:, None] * fmt.PAGE_SIZE + rows).reshape(-1)
-        k = keys[slots].float()  # [B * 128, D]
-        key_pos = torch.arange(num_blocks * fmt.PAGE_SIZE, device=idx_q.device)
-        step = max(1, _SCORES_PER_CHUNK // (heads * k.shape[0]))
+        k = request_keys(r, num_blocks)
+        key_pos = torch.arange(num_blocks * fmt.PAGE_SIZE, device=queries.device)
+        step = max(1, _SCORES_PER_CHUNK // (heads * k.shape[1]))
         for start in range(0, tokens.numel(), step):
             chunk = tokens[start : start + step]
-            logits = torch.einsum("thd,kd->htk", idx_q[chunk].float(), k)
+            logits = torch.matmul(queries[chunk].float().transpose(0, 1), k.transpose(1, 2))  # [H, C, keys]
             logits = logits.masked_fill(key_pos[None, None, :] > pos[chunk].long()[None, :, None], -torch.inf)
             scores = logits.view(heads, chunk.numel(), num_blocks, fmt.PAGE_SIZE).amax(dim=-1)
             forced = forced_blocks(own[chunk], num_blocks, sink_blocks, local_blocks)

@@ -20,14 +20,12 @@ import torch
 
 from .. import format as fmt
 from ..reference import check_queries, check_token_metadata
+from .learned import select_by_max_pooled_keys
 from .protocol import StateBytes
-from .rules import check_index_values, check_selection_settings, forced_blocks, rank_blocks
+from .rules import check_index_values, check_selection_settings
 from .summary import aggregate_queries, resolve_impl
 
 __all__ = ["ProxyIndexer", "select_blocks_proxy"]
-
-_SCORES_PER_CHUNK = 1 << 24  # token x head x key scores per chunk on the torch path
-
 
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
@@ -52,26 +50,15 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
 
 
 def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks):
-    t, hkv, _ = queries.shape
+    hkv = queries.shape[1]
     check_index_values(block_table, req, pos, cache.shape[0])
-    own = pos.long() // fmt.PAGE_SIZE
-    out = torch.empty(hkv, t, topk, dtype=torch.int32, device=queries.device)
-    for r in torch.unique(req).tolist():
-        tokens = (req == r).nonzero()[:, 0]
-        num_blocks = int(own[tokens].max()) + 1
+
+    def request_keys(r: int, num_blocks: int) -> torch.Tensor:  # dequantized K per KV head: [Hkv, B * 128, 128]
         data = cache[block_table[r, :num_blocks].long(), :hkv]  # K rows: [B, Hkv, 128 keys, 72]
         k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0)
-        k = k.transpose(0, 1).reshape(hkv, num_blocks * fmt.PAGE_SIZE, fmt.HEAD_DIM).float()
-        key_pos = torch.arange(num_blocks * fmt.PAGE_SIZE, device=queries.device)
-        step = max(1, _SCORES_PER_CHUNK // (hkv * k.shape[1]))
-        for start in range(0, tokens.numel(), step):
-            chunk = tokens[start : start + step]
-            logits = torch.einsum("thd,hkd->htk", queries[chunk].float(), k)
-            logits = logits.masked_fill(key_pos[None, None, :] > pos[chunk].long()[None, :, None], -torch.inf)
-            scores = logits.view(hkv, chunk.numel(), num_blocks, fmt.PAGE_SIZE).amax(dim=-1)
-            forced = forced_blocks(own[chunk], num_blocks, sink_blocks, local_blocks)
-            out[:, chunk] = rank_blocks(scores, own[chunk], topk, forced)
-    return out
+        return k.transpose(0, 1).reshape(hkv, num_blocks * fmt.PAGE_SIZE, fmt.HEAD_DIM).float()
+
+    return select_by_max_pooled_keys(queries, request_keys, req, pos, topk, sink_blocks, local_blocks)
 
 
 class ProxyIndexer:

@@ -359,6 +359,23 @@ def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_bloc
     )
 
 
+def _select_in_chunks(score_chunk, heads: int, block_table, req, pos, topk: int, sink_blocks: int,
+                      local_blocks: int, tokens: int, score_bytes: int, decode_blocks_per_step: int) -> torch.Tensor:
+    """int32 ``block_ids [heads, T, topk]``: per chunk of tokens (:func:`learned_score_chunks`), the block
+    scores of ``score_chunk(part, scores)`` (fills fp32 ``scores [heads, n, S]`` for tokens ``part``), then the
+    selection; a decode-like batch (``tokens == 1``: one token per program) merges
+    ``decode_blocks_per_step`` blocks at a time: fewer, wider merges."""
+    t, cols = pos.shape[0], block_table.shape[1]
+    block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=pos.device)
+    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (64, BLOCKS_PER_STEP)
+    for c0, n in learned_score_chunks(t, heads, cols, tokens, score_bytes):
+        scores = torch.empty(heads, n, cols, dtype=torch.float32, device=pos.device)
+        part = slice(c0, c0 + n)
+        score_chunk(part, scores)
+        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
+    return block_ids
+
+
 def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                           pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
                           score_bytes: int = LEARNED_SCORE_BYTES,
@@ -367,22 +384,18 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
     int32 ``block_ids [Hi, T, topk]``.
 
     ``idx_q``: ``[T, Hi, D]``, cast to the keys' dtype; ``keys``: bf16/fp16 ``[slots, D]`` (row = cache
-    slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Per chunk of tokens
-    (:func:`learned_score_chunks`), two kernels: block scores, then the selection (a decode-like batch, one
-    token per program, merges ``decode_blocks_per_step`` blocks at a time: fewer, wider merges)."""
+    slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Block scores, then the selection,
+    per chunk of tokens (:func:`_select_in_chunks`)."""
     t, heads, _ = idx_q.shape
     idx_q = idx_q.to(keys.dtype).contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    cols = block_table.shape[1]
-    block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=idx_q.device)
     tokens, blocks = learned_tiling(t, block_table.shape[0], heads)
-    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (64, BLOCKS_PER_STEP)
-    for c0, n in learned_score_chunks(t, heads, cols, tokens, score_bytes):
-        scores = torch.empty(heads, n, cols, dtype=torch.float32, device=idx_q.device)
-        part = slice(c0, c0 + n)
+
+    def score_chunk(part, scores):
         learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks)
-        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
-    return block_ids
+
+    return _select_in_chunks(score_chunk, heads, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
+                             score_bytes, decode_blocks_per_step)
 
 
 def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
@@ -391,18 +404,15 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
     ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv, 128]``; ``cache`` the NVFP4
-    cache. The chunks, tiling and selection of :func:`select_learned_blocks`, with one KV head per score
-    program and 64-token tiles in prefill."""
+    cache. As :func:`select_learned_blocks`, with one KV head per score program and 64-token tiles in
+    prefill."""
     t, hkv, _ = queries.shape
     queries = queries.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    cols = block_table.shape[1]
-    block_ids = torch.empty(hkv, t, topk, dtype=torch.int32, device=queries.device)
     tokens, blocks = (1, 4) if t <= block_table.shape[0] else (64, 16)
-    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (64, BLOCKS_PER_STEP)
-    for c0, n in learned_score_chunks(t, hkv, cols, tokens, score_bytes):
-        scores = torch.empty(hkv, n, cols, dtype=torch.float32, device=queries.device)
-        part = slice(c0, c0 + n)
+
+    def score_chunk(part, scores):
         proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks)
-        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
-    return block_ids
+
+    return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
+                             score_bytes, decode_blocks_per_step)
