@@ -10,7 +10,7 @@ global scale (``e2m1 * e4m3``; a positive scale changes no ranking). Blocks are 
 
 It keeps no state: the keys are the cache. The price is scoring every visible key instead of one summary
 per block: the Triton path (:func:`sglang_nvfp4.kernels.triton_indexer.select_proxy_blocks`) decodes each
-visible K page once per 64-token tile and runs ``qbar . k^T`` on the tensor cores (the M3 scoring kernel,
+visible K page once per 128-token tile and runs ``qbar . k^T`` on the tensor cores (the M3 scoring kernel,
 reading the NVFP4 cache). The torch path (CPU, or ``impl="torch"``) works one request at a time.
 """
 

@@ -299,7 +299,8 @@ def _select_scored_kernel(scores_ptr, pos_ptr, block_ids_ptr, num_tokens, num_co
 def learned_tiling(num_tokens: int, num_rows: int, heads: int) -> tuple[int, int]:
     """(tokens per program, blocks per score program): decode-like batches (``T <= R``, about one token per
     request) take one token per program and 4 blocks per program (more programs per token); prefill
-    tiles take 128 rows of (token, index head), 32 tokens of 4 heads, and 16 blocks."""
+    tiles take 128 rows of (token, head) and 16 blocks: 32 tokens of 4 index heads, 128 tokens of one
+    head (the proxy indexer's programs serve one KV head each)."""
     if num_tokens <= num_rows:
         return 1, 4
     return max(1, 128 // triton.next_power_of_2(heads)), 16
@@ -404,12 +405,12 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
     ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv, 128]``; ``cache`` the NVFP4
-    cache. As :func:`select_learned_blocks`, with one KV head per score program and 64-token tiles in
-    prefill."""
+    cache. As :func:`select_learned_blocks`, with one KV head per score program (prefill tiles of 128
+    tokens)."""
     t, hkv, _ = queries.shape
     queries = queries.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    tokens, blocks = (1, 4) if t <= block_table.shape[0] else (64, 16)
+    tokens, blocks = learned_tiling(t, block_table.shape[0], 1)  # one head per program: rows are tokens
 
     def score_chunk(part, scores):
         proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks)
