@@ -63,6 +63,8 @@ def check_exact_selection(device):
         ([9000], [70], 16, 1, 1),  # one request: 64-token tiles, 71 blocks in two steps of 64
         ([5000, 1100, 300], [6, 3, 2], 12, 2, 3),  # a tile across requests; topk not a power of two
         ([700], [30], 5, 0, 0),
+        ([9000, 5000], [40, 2], 64, 1, 1),  # budgets above 16 (up to format.MAX_TOPK)
+        ([9000], [3], 32, 2, 3),
     ]
     for seed, (lens, per_request, topk, sink, local) in enumerate(cases):
         q, s, table, req, pos = exact_problem(10 + seed, lens, per_request)

@@ -86,7 +86,7 @@ def check_kernel_on_exact_ties(device):
         if tokens[0] == 1:
             pos = torch.tensor(seq_lens, dtype=torch.int32) - 1
         args = [x.to(device) for x in (q, cache, table, req, pos)]
-        for topk, sink, local in [(16, 1, 1), (5, 2, 0)]:
+        for topk, sink, local in [(16, 1, 1), (5, 2, 0), (32, 1, 1), (fmt.MAX_TOPK, 2, 3)]:
             want = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, impl="torch")
             got = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, impl="triton")
             assert torch.equal(got, want), (seed, topk)

@@ -431,13 +431,20 @@ def test_unsupported_head_dim_fails_at_startup():
 
 @pytest.mark.parametrize(
     "env, match",
-    [({"NVFP4_SPARSE_TOPK": "17"}, "TOPK"), ({"NVFP4_SPARSE_TOPK": "x"}, "TOPK"),
+    [({"NVFP4_SPARSE_TOPK": "65"}, r"TOPK=65: expected 1\.\.64"), ({"NVFP4_SPARSE_TOPK": "0"}, "TOPK"),
+     ({"NVFP4_SPARSE_TOPK": "x"}, "TOPK"),
      ({"NVFP4_SPARSE_INDEXER": "oracle"}, "INDEXER"), ({"NVFP4_SPARSE_SINK_BLOCKS": "16"}, "SINK"),
      ({"NVFP4_SPARSE_DENSE_LAYERS": "1,a"}, "DENSE_LAYERS"), ({"NVFP4_SPARSE_KERNEL": "bogus"}, "KERNEL")],
 )
 def test_bad_configuration_names_the_variable(env, match):
     with pytest.raises(ValueError, match=match):
         load_config(env)
+
+
+def test_budgets_up_to_64_blocks():
+    config = load_config({"NVFP4_SPARSE_TOPK": "64", "NVFP4_SPARSE_SINK_BLOCKS": "2", "NVFP4_SPARSE_LOCAL_BLOCKS": "8"})
+    assert (config.topk, config.sink_blocks, config.local_blocks) == (64, 2, 8)
+    assert config.indexer_kind(0, 2)[1]["topk"] == 64
 
 
 def test_settings_checked_against_the_model():

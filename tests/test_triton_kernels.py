@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 25  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 27  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -142,6 +142,17 @@ if INTERPRETED:
         want = sparse_prefill_reference(*call_args(p, block_ids))
         assert rel_err(kernels.sparse_prefill(*call_args(p, block_ids)), want) < 2e-4
         assert rel_err(kernels.sparse_decode(*call_args(p, block_ids)), want) < 2e-4
+
+    @pytest.mark.parametrize("width", [32, fmt.MAX_TOPK])
+    def test_budgets_beyond_sixteen_blocks(forced_triton, width):
+        """Budgets above the default (``NVFP4_SPARSE_TOPK`` up to ``format.MAX_TOPK``): 4-token prefill tiles
+        whose unions hold up to 4 * width pages, and decode with its 4 splits, against the reference."""
+        p = make_problem(74 + width, [9000, 4700], [6, 3], num_heads=16, num_kv_heads=2, dtype=torch.float32)
+        block_ids = random_block_ids(p, seed=width, width=width, dup_prob=0.3)
+        assert (block_ids >= 0).sum(-1).max() > 16  # really wider than the default budget
+        want = sparse_prefill_reference(*call_args(p, block_ids))
+        assert rel_err(kernels.sparse_prefill(*call_args(p, block_ids), out=poisoned(p.q)), want) < 2e-4
+        assert rel_err(kernels.sparse_decode(*call_args(p, block_ids), out=poisoned(p.q)), want) < 3e-4
 
     def test_dense_selection_shared_by_the_kv_heads(forced_triton):
         """Dense layers hand the plan one all-visible selection expanded over the KV heads (stride 0)."""

@@ -33,7 +33,7 @@ mapped to valid pages, distinct in-range write slots. Global scales are normalis
 :func:`sglang_nvfp4.format.global_scale` (a float, or a one-element fp32 tensor on the cache's device,
 which the kernels read through a pointer and so keeps CUDA graphs free of host syncs). Any block-id
 width ``K >= 1`` is accepted (the kernels pad it to a power of two); they are tuned for
-``K = format.TOPK``.
+``K = format.TOPK`` and tested up to ``format.MAX_TOPK``, the largest budget the configuration accepts.
 """
 
 from __future__ import annotations

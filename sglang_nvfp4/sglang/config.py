@@ -4,7 +4,8 @@
 =============================  =======  ==========================================================
 variable                       default  meaning
 =============================  =======  ==========================================================
-``NVFP4_SPARSE_TOPK``          16       blocks of 128 keys attended per KV head and token (1..16)
+``NVFP4_SPARSE_TOPK``          16       blocks of 128 keys attended per KV head and token (1..64;
+                                        above 16, FlyDSL layers fall back to Triton)
 ``NVFP4_SPARSE_SINK_BLOCKS``   1        leading blocks every token always attends
 ``NVFP4_SPARSE_LOCAL_BLOCKS``  1        blocks just before the token's own that it always attends
 ``NVFP4_SPARSE_INDEXER``       quest    training-free block scoring: ``quest`` (per-dim min/max
@@ -125,7 +126,7 @@ def _int(env, name: str, default: int, lo: int, hi: int) -> int:
 def load_config(env=None) -> SparseConfig:
     """Read and validate the ``NVFP4_SPARSE_*`` variables from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
-    topk = _int(env, "TOPK", fmt.TOPK, 1, fmt.TOPK)
+    topk = _int(env, "TOPK", fmt.TOPK, 1, fmt.MAX_TOPK)
     sink = _int(env, "SINK_BLOCKS", 1, 0, topk - 1)
     local = _int(env, "LOCAL_BLOCKS", 1, 0, topk - 1 - sink)
     indexer = env.get(_PREFIX + "INDEXER") or "quest"
