@@ -37,6 +37,7 @@ import torch
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.quality import task
 from sglang_nvfp4.quality.model import dense_causal_attention, load_hf
+from sglang_nvfp4.quality.stats import wilson_interval
 
 BLOCK = fmt.PAGE_SIZE  # one indexer block is one cache page
 
@@ -76,13 +77,6 @@ def block_scores(q: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:
     return scores
 
 
-def wilson(hits: list[bool], z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion."""
-    n, p = len(hits), float(np.mean(hits))
-    centre, half = p + z * z / (2 * n), z * ((p * (1 - p) + z * z / (4 * n)) / n) ** 0.5
-    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tests/fixtures/retrieval_model")
@@ -118,7 +112,7 @@ def main() -> None:
                         hits.setdefault(f"{length}/layer{layer}/{method}/top{picks}", []).append(
                             record_block in ranked[:picks].tolist())
     recall = {k: float(np.mean(v)) for k, v in hits.items()}
-    interval = {k: wilson(v) for k, v in hits.items()}
+    interval = {k: wilson_interval(sum(v), len(v)) for k, v in hits.items()}
     with open(args.out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d"), "args": vars(args), "prompts_per_length":
                    len(args.depths) * args.per_cell, "recall": recall, "recall_ci95": interval}, f, indent=1)

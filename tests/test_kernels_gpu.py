@@ -56,15 +56,18 @@ def random_selection(pos, last_block, hkv, width, gen, later=0.05, missing=0.1, 
     return ids.int().contiguous()
 
 
-@pytest.mark.parametrize("t, heads, kv_heads", [(4096, 64, 4), (32768, 64, 4), (8192, 16, 1), (4096, 32, 4)])
-def test_prefill_realistic(t, heads, kv_heads):
+@pytest.mark.parametrize("t, heads, kv_heads, width", [
+    (4096, 64, 4, fmt.TOPK), (32768, 64, 4, fmt.TOPK), (8192, 16, 1, fmt.TOPK), (4096, 32, 4, fmt.TOPK),
+    (32768, 64, 4, 32), (16384, 16, 1, fmt.MAX_TOPK),  # budgets above the default
+])
+def test_prefill_realistic(t, heads, kv_heads, width):
     gen = torch.Generator(device=DEV).manual_seed(t + heads)
     cache, block_table = filled_cache([t + 300, 700], kv_heads, gen)
     # The last t tokens of request 0 (a chunk that starts mid-page) and all of request 1.
     pos = torch.cat([torch.arange(300, t + 300), torch.arange(700)]).int().to(DEV)
     req = torch.cat([torch.zeros(t), torch.ones(700)]).int().to(DEV)
     last_block = torch.where(req == 0, (t + 299) // fmt.PAGE_SIZE, 699 // fmt.PAGE_SIZE)
-    block_ids = random_selection(pos, last_block, kv_heads, fmt.TOPK, gen)
+    block_ids = random_selection(pos, last_block, kv_heads, width, gen)
     q = (torch.randn(t + 700, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     out = torch.full_like(q, float("nan"))
     kernels.sparse_prefill(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out=out)
@@ -75,15 +78,16 @@ def test_prefill_realistic(t, heads, kv_heads):
     assert rel_err(out[sample], want) < 6e-3  # bf16 output rounding dominates
 
 
-@pytest.mark.parametrize("batch, ctx", [(256, 32768), (3, 9000), (1, 131072)])
-def test_decode_realistic(batch, ctx):
+@pytest.mark.parametrize("batch, ctx, width", [(256, 32768, fmt.TOPK), (3, 9000, fmt.TOPK), (1, 131072, fmt.TOPK),
+                                               (32, 32768, fmt.MAX_TOPK)])
+def test_decode_realistic(batch, ctx, width):
     heads, kv_heads = 64, 4
     gen = torch.Generator(device=DEV).manual_seed(batch)
     lens = [ctx - 37 * r for r in range(batch)]
     cache, block_table = filled_cache(lens, kv_heads, gen)
     pos = torch.tensor(lens, device=DEV).int() - 1
     req = torch.arange(batch, device=DEV).int()
-    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, kv_heads, fmt.TOPK, gen)
+    block_ids = random_selection(pos, pos // fmt.PAGE_SIZE, kv_heads, width, gen)
     k_scale, v_scale = torch.tensor(0.5, device=DEV), torch.tensor([2.0], device=DEV)
     q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     out = torch.full_like(q, float("nan"))

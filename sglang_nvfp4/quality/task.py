@@ -2,8 +2,7 @@
 
 A document is ``<bos>`` followed by random filler words with two kinds of events at random gaps:
 
-* a *record* ``<k> KEY VALUE`` (every key at most once per document; records are spread over the whole
-  document), and
+* a *record* ``<k> KEY VALUE`` (records are spread over the whole document), and
 * a *query* ``<q> KEY VALUE`` repeating the value of an earlier record.
 
 Each key owns its own ``VALUES_PER_KEY`` value words (``v{key}_{j}``), so the record's value token alone
@@ -14,8 +13,19 @@ each sat at the copy-any-value plateau.) The answer still exists only at the rec
 earlier in the context: a cache or an indexer that loses the record's block shows up as a wrong answer.
 Training supervises only the query values.
 
-An evaluation prompt is a document whose last two tokens are ``<q> KEY`` for a target record placed at a
-chosen depth; the expected greedy next token is its value. No earlier query in it asks for that key.
+Evaluation prompts come in two families, both a document whose last two tokens are ``<q> KEY`` for a
+target record placed at a chosen depth, with no earlier query for that key:
+
+* ``single``: the key is recorded once; correct when the greedy next token is its value.
+* ``pair``: the key is recorded twice with two different values (``<k> KEY Va`` ... ``<k> KEY Vb``, at
+  least ``PAIR_MIN_DISTANCE`` tokens apart, hence in different 128-token blocks); correct when the two
+  most likely next tokens are exactly ``{Va, Vb}``. One query token then needs *two* retrieved blocks,
+  and a sparse attention that drops either record's block fails it. The family exists so that sparse
+  defaults (top-k, indexer scoring) are not tuned to one retrieval per token, which is all that
+  ``single`` asks for.
+
+Training documents record a key twice with probability ``pair_fraction`` (see :func:`make_document`);
+a query after both records is supervised with both values.
 
 Everything is word-level (one word per token) and seeded, so prompts and labels are reproducible.
 """
@@ -34,6 +44,9 @@ NUM_VALUES = NUM_KEYS * VALUES_PER_KEY
 MEAN_EVENT_GAP = 64  # filler tokens between events, uniform in [GAP_MIN, 2 * MEAN - GAP_MIN]
 GAP_MIN = 8
 IGNORE = -100  # label of positions that are not supervised
+FAMILIES = ("single", "pair")  # evaluation prompt families (see the module docstring)
+PAIR_MIN_DISTANCE = 256  # tokens between a pair prompt's two records: two 128-token blocks
+PAIR_MIN_LENGTH = 4 * PAIR_MIN_DISTANCE  # leaves room for the second record at every target depth
 
 
 def vocabulary() -> list[str]:
@@ -52,22 +65,38 @@ VOCAB_SIZE = FILLER0 + NUM_FILLER
 
 @dataclass
 class Document:
-    """``tokens``: int64 ids; ``labels``: the value id at each query's ``KEY`` position (the token that
-    predicts it), ``IGNORE`` elsewhere; ``records``: ``(position of <k>, key id, value id)`` in order."""
+    """``tokens``: int64 ids; ``labels``: at each query's ``KEY`` position (the token that predicts the
+    value), the value of the key's first record, ``IGNORE`` elsewhere; ``labels2``: at the ``KEY`` position
+    of a query whose key has two earlier records, the second record's value (the query is supervised with
+    both), ``IGNORE`` elsewhere; ``records``: ``(position of <k>, key id, value id)`` in position order (a
+    key appears twice when recorded twice)."""
 
     tokens: np.ndarray
     labels: np.ndarray
+    labels2: np.ndarray
     records: list[tuple[int, int, int]]
 
 
-def make_document(rng: np.random.Generator, length: int, mean_gap: int = MEAN_EVENT_GAP) -> Document:
+def _another_value(rng: np.random.Generator, value: int) -> int:
+    """A value id of the key that owns ``value``, uniform over that key's other value words."""
+    first_of_key = VALUE0 + (value - VALUE0) // VALUES_PER_KEY * VALUES_PER_KEY
+    return first_of_key + (value - first_of_key + 1 + int(rng.integers(VALUES_PER_KEY - 1))) % VALUES_PER_KEY
+
+
+def make_document(rng: np.random.Generator, length: int, mean_gap: int = MEAN_EVENT_GAP,
+                  pair_fraction: float = 0.0) -> Document:
     """A document of exactly ``length`` tokens (``length >= 4``); filler gaps between events are uniform
     in ``[min(GAP_MIN, mean_gap), 2 * mean_gap - that]`` (training draws denser documents than the
-    evaluation's default)."""
+    evaluation's default).
+
+    Every record slot after the first is, with probability ``pair_fraction``, a second record of an
+    earlier key recorded once so far (another of that key's value words); the others record new keys.
+    ``pair_fraction=0`` draws nothing extra: the document is the one-record-per-key document."""
     if length < 4:
         raise ValueError(f"length must be >= 4, got {length}")
     tokens = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=length)
     labels = np.full(length, IGNORE, dtype=np.int64)
+    labels2 = np.full(length, IGNORE, dtype=np.int64)
     tokens[0] = BOS
     lo = min(GAP_MIN, mean_gap)
     hi = 2 * mean_gap - lo
@@ -84,58 +113,102 @@ def make_document(rng: np.random.Generator, length: int, mean_gap: int = MEAN_EV
         is_record[1 + rng.choice(len(starts) - 1, num_records - 1, replace=False)] = True
     keys = rng.permutation(NUM_KEYS)[:num_records]
     records: list[tuple[int, int, int]] = []
+    values: dict[int, list[int]] = {}  # key id -> its recorded value ids, in order
     for pos, record in zip(starts, is_record):
         if record:
-            k = int(keys[len(records)])
-            key, value = KEY0 + k, VALUE0 + k * VALUES_PER_KEY + int(rng.integers(VALUES_PER_KEY))
+            once = [key for key, vals in values.items() if len(vals) == 1]
+            if pair_fraction > 0 and once and rng.random() < pair_fraction:
+                key = once[int(rng.integers(len(once)))]
+                value = _another_value(rng, values[key][0])
+            else:
+                k = int(keys[len(values)])
+                key, value = KEY0 + k, VALUE0 + k * VALUES_PER_KEY + int(rng.integers(VALUES_PER_KEY))
             tokens[pos:pos + 3] = (RECORD, key, value)
             records.append((pos, key, value))
+            values.setdefault(key, []).append(value)
         else:
             _, key, value = records[int(rng.integers(len(records)))]
             tokens[pos:pos + 3] = (QUERY, key, value)
-            labels[pos + 1] = value
-    return Document(tokens, labels, records)
+            labels[pos + 1] = values[key][0]
+            if len(values[key]) == 2:
+                labels2[pos + 1] = values[key][1]
+    return Document(tokens, labels, labels2, records)
 
 
 @dataclass
 class Prompt:
-    """One evaluation prompt: ``tokens`` end with ``<q> KEY``; ``answer`` is the value id;
-    ``depth`` is the target record's position / prompt length."""
+    """One evaluation prompt: ``tokens`` end with ``<q> KEY``; ``answers`` are the expected next-token
+    ids (``single``: the value; ``pair``: the target record's value, then the other record's), ``answer``
+    is ``answers[0]``; ``depth`` is the target record's position / prompt length and ``second_depth`` the
+    other record's (``None`` for ``single``); ``target_depth`` is the requested depth."""
 
     tokens: np.ndarray
     answer: int
     length: int
     depth: float
     target_depth: float
+    answers: tuple[int, ...]
+    family: str
+    second_depth: float | None
 
 
-def make_prompt(rng: np.random.Generator, length: int, depth: float) -> Prompt:
-    """A prompt of ``length`` tokens (``length >= 2 * MEAN_EVENT_GAP``) whose target record is the one
-    nearest to ``depth``; earlier queries for the target key are overwritten with filler."""
+def make_prompt(rng: np.random.Generator, length: int, depth: float, family: str = "single") -> Prompt:
+    """A prompt of ``length`` tokens (``length >= 2 * MEAN_EVENT_GAP``; ``pair``: ``>= PAIR_MIN_LENGTH``)
+    whose target record is the one nearest to ``depth``; earlier queries for the target key are
+    overwritten with filler. ``pair`` then writes a second record of the target key with another of its
+    value words over filler, at a position uniform over the document among those at least
+    ``PAIR_MIN_DISTANCE`` tokens from the target record (so the two records share no 128-token block)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
-    if length < 2 * MEAN_EVENT_GAP:
-        raise ValueError(f"length must be >= {2 * MEAN_EVENT_GAP}, got {length}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    min_length = PAIR_MIN_LENGTH if family == "pair" else 2 * MEAN_EVENT_GAP
+    if length < min_length:
+        raise ValueError(f"length must be >= {min_length} for {family} prompts, got {length}")
     body_len = length - 2
-    doc = make_document(rng, body_len)
-    while not doc.records:
+    while True:
         doc = make_document(rng, body_len)
-    pos, key, value = min(doc.records, key=lambda r: abs(r[0] - depth * body_len))
-    tokens = doc.tokens.copy()
-    for q in np.flatnonzero((tokens[:-1] == QUERY) & (tokens[1:] == key)):
-        tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
-    tokens = np.concatenate([tokens, np.array([QUERY, key])])
-    return Prompt(tokens, value, length, pos / length, depth)
+        if not doc.records:
+            continue
+        pos, key, value = min(doc.records, key=lambda r: abs(r[0] - depth * body_len))
+        tokens = doc.tokens.copy()
+        for q in np.flatnonzero((tokens[:-1] == QUERY) & (tokens[1:] == key)):
+            tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
+        if family == "single":
+            answers, second_depth = (value,), None
+            break
+        # Second-record positions: three filler tokens, far enough from the target record.
+        starts = np.arange(1, body_len - 2)
+        is_filler = tokens >= FILLER0
+        free = is_filler[starts] & is_filler[starts + 1] & is_filler[starts + 2]
+        candidates = starts[free & (np.abs(starts - pos) >= PAIR_MIN_DISTANCE)]
+        if candidates.size:
+            second = int(rng.choice(candidates))
+            value2 = _another_value(rng, value)
+            tokens[second:second + 3] = (RECORD, key, value2)
+            answers, second_depth = (value, value2), second / length
+            break
+    return Prompt(np.concatenate([tokens, np.array([QUERY, key])]), value, length, pos / length, depth, answers,
+                  family, second_depth)
 
 
-def make_prompts(seed: int, lengths, depths, per_cell: int) -> list[Prompt]:
-    """``per_cell`` prompts for every (length, depth) pair, reproducible from ``seed``."""
+def make_prompts(seed: int, lengths, depths, per_cell: int, family: str = "single") -> list[Prompt]:
+    """``per_cell`` prompts of ``family`` for every (length, depth) pair, reproducible from ``seed``
+    (the ``pair`` family draws from its own streams: ``single`` prompts do not depend on it)."""
+    tag = [] if family == "single" else [FAMILIES.index(family)]
     prompts = []
     for length in lengths:
         for depth in depths:
-            rng = np.random.default_rng([seed, length, int(round(depth * 1000))])
-            prompts.extend(make_prompt(rng, length, depth) for _ in range(per_cell))
+            rng = np.random.default_rng([seed, length, int(round(depth * 1000)), *tag])
+            prompts.extend(make_prompt(rng, length, depth, family) for _ in range(per_cell))
     return prompts
+
+
+def is_correct(answers, ranked_ids) -> bool:
+    """Whether a prediction answers a prompt: ``ranked_ids`` are the model's next-token ids, most likely
+    first; the ``len(answers)`` most likely must be exactly ``answers`` (``single``: the argmax is the
+    value; ``pair``: the top-2 set is ``{Va, Vb}``)."""
+    return set(ranked_ids[:len(answers)]) == set(answers)
 
 
 def to_text(tokens) -> str:

@@ -1,0 +1,160 @@
+"""What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``)
+and the sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
+
+    python bench/bench_selection.py --out DIR [--prefill-t 32768] [--decode-batch 32 256] [--decode-ctx 32768]
+
+Data: ``bench_kernels.one_request`` (random K/V through the cache write kernel, shuffled pages) with random
+queries, the same for every setting. Random data give near-random selections, so union sizes (pages decoded
+per 4-token tile) are the pessimistic case; the time of each setting still counts every page it visits.
+
+Prefill, one request of T tokens, (H, Hkv) in {(64, 4), (16, 1)}: per setting, ``select_ms`` (the indexer's
+selection: for quest the Triton scoring of the page summaries, which the cache write keeps up to date and
+which are built here once, untimed; for proxy the Triton scoring of every visible NVFP4 key) and
+``attention_ms`` (``kernels.sparse_prefill`` with that selection), ``total_ms``, ``union_mean``, and
+``vs_quest16`` (total over today's default, top-16 quest). Peer in the same run: dense causal SDPA over bf16
+K/V (``dense_sdpa_ms``).
+
+Decode, batch x 32K context, 64/4 heads, one query at each request's last position: the same settings timed
+as CUDA-graph replays (``select_ms``, ``attention_ms``).
+
+Every measured call runs once untimed first (Triton compiles and autotunes per shape). Writes
+``DIR/selection_h200.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+
+from bench_kernels import DEV, dense_causal_ms, one_request
+from harness import log
+from timing import bench_ms, graph_ms
+
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4 import kernels
+from sglang_nvfp4.indexer import BlockSummaries, select_blocks, select_blocks_proxy
+from sglang_nvfp4.kernels import triton_prefill
+
+INDEXERS = ("quest", "proxy")
+BUDGETS = (16, 32, 64)
+PREFILL_HEADS = ((64, 4), (16, 1))
+DECODE_HEADS = (64, 4)
+
+
+def selector(indexer: str, topk: int, cache, slots):
+    """``select(q, block_table, req, pos) -> block_ids`` for one setting (sink and local blocks: 1 and 1, the
+    defaults). Quest's page summaries are built here, untimed: serving keeps them current at each cache write."""
+    if indexer == "proxy":
+        return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk)
+    summaries = BlockSummaries(cache.shape[0], cache.shape[1] // 2, device=DEV)
+    summaries.update(cache, slots)
+    return lambda q, bt, req, pos: select_blocks(q, summaries, bt, req, pos, topk=topk, method=indexer)
+
+
+def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator) -> list[dict]:
+    cache, block_table, slots = one_request(t, hkv, gen)
+    pos = torch.arange(t, device=DEV, dtype=torch.int32)
+    req = torch.zeros_like(pos)
+    q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    out = torch.empty_like(q)
+    tile = triton_prefill.default_prefill_config(heads // hkv).tokens_per_tile
+    rows = []
+    for indexer in INDEXERS:
+        for topk in BUDGETS:
+            select = selector(indexer, topk, cache, slots)
+            block_ids = select(q, block_table, req, pos)  # untimed first call: compile
+            args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+            kernels.sparse_prefill(*args, out=out)
+            union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, tile)
+            row = {"T": t, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
+                   "select_ms": bench_ms(lambda: select(q, block_table, req, pos)),
+                   "attention_ms": bench_ms(lambda: kernels.sparse_prefill(*args, out=out)),
+                   "union_mean": union_len.float().mean().item()}
+            row["total_ms"] = row["select_ms"] + row["attention_ms"]
+            rows.append(row)
+            log(f"prefill T={t} {heads}/{hkv} {indexer} top{topk}: select {row['select_ms']:.2f} ms, "
+                f"attention {row['attention_ms']:.2f} ms, union {row['union_mean']:.1f}")
+            del block_ids, args
+    base = next(r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK)
+    k_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
+    v_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
+    dense_ms = dense_causal_ms(q, k_dense, v_dense)
+    for row in rows:
+        row["vs_quest16"] = row["total_ms"] / base
+        row["dense_sdpa_ms"] = dense_ms
+    return rows
+
+
+def decode_rows(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
+    heads, hkv = DECODE_HEADS
+    blocks = ctx // fmt.PAGE_SIZE
+    cache = fmt.alloc_cache(batch * blocks, hkv, device=DEV)
+    block_table = torch.randperm(batch * blocks, device=DEV, generator=gen).int().view(batch, blocks)
+    tokens = torch.arange(ctx, device=DEV)
+    for r in range(batch):
+        slots = block_table[r].long()[tokens // fmt.PAGE_SIZE] * fmt.PAGE_SIZE + tokens % fmt.PAGE_SIZE
+        k = torch.randn(ctx, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
+        kernels.write_kv(cache, slots, k, torch.randn_like(k), 1.0, 1.0)
+    all_slots = (block_table.long()[:, :, None] * fmt.PAGE_SIZE + torch.arange(fmt.PAGE_SIZE, device=DEV)).flatten()
+    pos = torch.full((batch,), ctx - 1, dtype=torch.int32, device=DEV)
+    req = torch.arange(batch, dtype=torch.int32, device=DEV)
+    q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    scales = torch.tensor([1.0], device=DEV), torch.tensor([1.0], device=DEV)
+    out = torch.empty_like(q)
+    rows = []
+    for indexer in INDEXERS:
+        for topk in BUDGETS:
+            select = selector(indexer, topk, cache, all_slots)
+            block_ids = select(q, block_table, req, pos)
+            args = (q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5)
+            row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
+                   "select_ms": graph_ms(lambda: select(q, block_table, req, pos)),
+                   "attention_ms": graph_ms(lambda: kernels.sparse_decode(*args, out=out))}
+            row["total_ms"] = row["select_ms"] + row["attention_ms"]
+            rows.append(row)
+            log(f"decode b{batch} ctx {ctx} {indexer} top{topk}: select {row['select_ms'] * 1e3:.0f} us, "
+                f"attention {row['attention_ms'] * 1e3:.0f} us")
+    base = next(r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK)
+    for row in rows:
+        row["vs_quest16"] = row["total_ms"] / base
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prefill-t", type=int, nargs="*", default=[32768])
+    ap.add_argument("--decode-batch", type=int, nargs="*", default=[32, 256])
+    ap.add_argument("--decode-ctx", type=int, default=32768)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "selection_h200.json")
+    results = {"meta": {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                        "command": " ".join(["bench/bench_selection.py", *(argv or sys.argv[1:])]),
+                        "torch": torch.__version__},
+               "prefill": [], "decode": []}
+    gen = torch.Generator(device=DEV).manual_seed(0)
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+    for t in args.prefill_t:
+        for heads, hkv in PREFILL_HEADS:
+            results["prefill"].extend(prefill_rows(t, heads, hkv, gen))
+            save()
+            torch.cuda.empty_cache()
+    for batch in args.decode_batch:
+        results["decode"].extend(decode_rows(batch, args.decode_ctx, gen))
+        save()
+        torch.cuda.empty_cache()
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
