@@ -11,8 +11,10 @@ Prefill, one request of T tokens, (H, Hkv) in {(64, 4), (16, 1)}: per setting, `
 selection: for quest the Triton scoring of the page summaries, which the cache write keeps up to date and
 which are built here once, untimed; for proxy the Triton scoring of every visible NVFP4 key) and
 ``attention_ms`` (``kernels.sparse_prefill`` with that selection), ``total_ms``, ``union_mean``, and
-``vs_quest16`` (total over today's default, top-16 quest). Peer in the same run: dense causal SDPA over bf16
-K/V (``dense_sdpa_ms``).
+``vs_quest16`` (total over top-16 quest, the default until 2026-12-01). One more row, ``indexer`` ``every_block``
+(``topk`` null), is what a ``NVFP4_SPARSE_DENSE_LAYERS`` layer costs: every visible block through the same
+kernels (``select_ms``: building that selection, which the backend does once per forward). Peer in the same
+run: dense causal SDPA over bf16 K/V (``dense_sdpa_ms``).
 
 Decode, batch x 32K context, 64/4 heads, one query at each request's last position: the same settings timed
 as CUDA-graph replays (``select_ms``, ``attention_ms``).
@@ -37,18 +39,23 @@ from timing import bench_ms, graph_ms
 
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
-from sglang_nvfp4.indexer import BlockSummaries, select_blocks, select_blocks_proxy
+from sglang_nvfp4.indexer import BlockSummaries, all_visible_blocks, select_blocks, select_blocks_proxy
 from sglang_nvfp4.kernels import triton_prefill
 
 INDEXERS = ("quest", "proxy")
 BUDGETS = (16, 32, 64)
+# (indexer, top-k) per row; ("every_block", None) is a dense layer's selection.
+SETTINGS = (*((indexer, topk) for indexer in INDEXERS for topk in BUDGETS), ("every_block", None))
 PREFILL_HEADS = ((64, 4), (16, 1))
 DECODE_HEADS = (64, 4)
 
 
-def selector(indexer: str, topk: int, cache, slots):
+def selector(indexer: str, topk: int | None, cache, slots):
     """``select(q, block_table, req, pos) -> block_ids`` for one setting (sink and local blocks: 1 and 1, the
     defaults). Quest's page summaries are built here, untimed: serving keeps them current at each cache write."""
+    if indexer == "every_block":
+        kv_heads = cache.shape[1] // 2
+        return lambda q, bt, req, pos: all_visible_blocks(pos, bt.shape[1]).expand(kv_heads, -1, -1)
     if indexer == "proxy":
         return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk)
     summaries = BlockSummaries(cache.shape[0], cache.shape[1] // 2, device=DEV)
@@ -64,22 +71,21 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator) -> list[dic
     out = torch.empty_like(q)
     tile = triton_prefill.default_prefill_config(heads // hkv).tokens_per_tile
     rows = []
-    for indexer in INDEXERS:
-        for topk in BUDGETS:
-            select = selector(indexer, topk, cache, slots)
-            block_ids = select(q, block_table, req, pos)  # untimed first call: compile
-            args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
-            kernels.sparse_prefill(*args, out=out)
-            union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, tile)
-            row = {"T": t, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
-                   "select_ms": bench_ms(lambda: select(q, block_table, req, pos)),
-                   "attention_ms": bench_ms(lambda: kernels.sparse_prefill(*args, out=out)),
-                   "union_mean": union_len.float().mean().item()}
-            row["total_ms"] = row["select_ms"] + row["attention_ms"]
-            rows.append(row)
-            log(f"prefill T={t} {heads}/{hkv} {indexer} top{topk}: select {row['select_ms']:.2f} ms, "
-                f"attention {row['attention_ms']:.2f} ms, union {row['union_mean']:.1f}")
-            del block_ids, args
+    for indexer, topk in SETTINGS:
+        select = selector(indexer, topk, cache, slots)
+        block_ids = select(q, block_table, req, pos)  # untimed first call: compile
+        args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
+        kernels.sparse_prefill(*args, out=out)
+        union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, tile)
+        row = {"T": t, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
+               "select_ms": bench_ms(lambda: select(q, block_table, req, pos)),
+               "attention_ms": bench_ms(lambda: kernels.sparse_prefill(*args, out=out)),
+               "union_mean": union_len.float().mean().item()}
+        row["total_ms"] = row["select_ms"] + row["attention_ms"]
+        rows.append(row)
+        log(f"prefill T={t} {heads}/{hkv} {indexer} top{topk}: select {row['select_ms']:.2f} ms, "
+            f"attention {row['attention_ms']:.2f} ms, union {row['union_mean']:.1f}")
+        del block_ids, args
     base = next(r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK)
     k_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
     v_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
@@ -107,18 +113,17 @@ def decode_rows(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
     scales = torch.tensor([1.0], device=DEV), torch.tensor([1.0], device=DEV)
     out = torch.empty_like(q)
     rows = []
-    for indexer in INDEXERS:
-        for topk in BUDGETS:
-            select = selector(indexer, topk, cache, all_slots)
-            block_ids = select(q, block_table, req, pos)
-            args = (q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5)
-            row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
-                   "select_ms": graph_ms(lambda: select(q, block_table, req, pos)),
-                   "attention_ms": graph_ms(lambda: kernels.sparse_decode(*args, out=out))}
-            row["total_ms"] = row["select_ms"] + row["attention_ms"]
-            rows.append(row)
-            log(f"decode b{batch} ctx {ctx} {indexer} top{topk}: select {row['select_ms'] * 1e3:.0f} us, "
-                f"attention {row['attention_ms'] * 1e3:.0f} us")
+    for indexer, topk in SETTINGS:
+        select = selector(indexer, topk, cache, all_slots)
+        block_ids = select(q, block_table, req, pos)
+        args = (q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5)
+        row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
+               "select_ms": graph_ms(lambda: select(q, block_table, req, pos)),
+               "attention_ms": graph_ms(lambda: kernels.sparse_decode(*args, out=out))}
+        row["total_ms"] = row["select_ms"] + row["attention_ms"]
+        rows.append(row)
+        log(f"decode b{batch} ctx {ctx} {indexer} top{topk}: select {row['select_ms'] * 1e3:.0f} us, "
+            f"attention {row['attention_ms'] * 1e3:.0f} us")
     base = next(r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK)
     for row in rows:
         row["vs_quest16"] = row["total_ms"] / base

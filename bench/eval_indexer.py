@@ -2,11 +2,11 @@
 
 Recall. For token ``t`` and KV head ``h`` let ``M[b]`` be the dense causal softmax mass of block
 ``b`` summed over the KV head's G query heads (:func:`sglang_nvfp4.quality.block_mass.block_attention_mass`).
-The recall of a selection is ``sum M[selected] / sum M[oracle top-16]``; the table gives its mean,
-5th percentile and the share of (token, head) pairs reaching 0.9, per method, and the relative
-error of the sparse attention output (reference kernel) against dense attention. Two data sets,
-both written through the NVFP4 cache and summarised by :class:`BlockSummaries` in unaligned
-prefill chunks:
+The recall of a selection of ``k`` blocks (``--topk``, default ``fmt.TOPK`` = 16) is
+``sum M[selected] / sum M[oracle top-k]``; the table gives its mean, 5th percentile and the share
+of (token, head) pairs reaching 0.9, per method, and the relative error of the sparse attention
+output (reference kernel) against dense attention. Two data sets, both written through the NVFP4
+cache and summarised by :class:`BlockSummaries` in unaligned prefill chunks:
 
 * ``needle``: Gaussian keys with heavy-tailed channel scales; per KV head 8 needle keys hidden at
   random positions of random far blocks (not sink, local or own), each aligned with the shared
@@ -19,16 +19,17 @@ prefill chunks:
 
 Methods: the library's ``mean`` and ``quest`` (per-head scores summed over the G heads), the same
 with the max over heads instead of the sum (``*-maxhead``, eval only: the aggregation choice),
-and ``window`` (sink + the 15 most recent blocks: what a sliding window keeps).
+and ``window`` (sink + the ``k - 1`` most recent blocks: what a sliding window keeps).
 
 GPU timing (runs only when CUDA is available): one request, ``H=64, Hkv=4``, contexts 32K and
 128K; a prefill chunk of the last 8192 tokens and a decode batch; indexer (summary update and
 block selection, Triton) against the sparse attention kernels of the dispatcher when it serves
 CUDA (else the indexer alone, and the output says so). It also checks the compiled kernels
-against the torch path.
+against the torch path. Both sections select ``k`` blocks per KV head and token.
 
-Usage: ``python bench/eval_indexer.py [--section recall|gpu|all] [--out bench/results] [--context N]``; writes
-``indexer_recall_<N/1024>k.{md,json}`` and ``indexer_gpu.{md,json}``.
+Usage: ``python bench/eval_indexer.py [--section recall|gpu|all] [--out bench/results] [--context N] [--topk K]``;
+writes ``indexer_recall_<N/1024>k.{md,json}`` and ``indexer_gpu.{md,json}``, with ``_top<K>`` appended to the
+names when ``K`` is not the default (e.g. ``indexer_recall_16k_top32.md``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from sglang_nvfp4.indexer import BlockSummaries, aggregate_queries, forced_block
 from sglang_nvfp4.quality.block_mass import block_attention_mass, oracle_blocks
 from sglang_nvfp4.reference import sparse_prefill_reference
 
-TOPK = fmt.TOPK
 SINK, LOCAL = 1, 1
 D = fmt.HEAD_DIM
 
@@ -161,14 +161,14 @@ def head_aggregated_scores(q, summaries, block_table, method):
     return s.amax(dim=2)
 
 
-def window_selection(qpos, hkv, num_blocks):
+def window_selection(qpos, hkv, num_blocks, topk):
     """Sink + the most recent blocks: scores = block id (later = better), own/sink/local forced."""
     own = qpos.long() // fmt.PAGE_SIZE
     scores = torch.arange(num_blocks, dtype=torch.float32)[None, None, :].expand(hkv, len(qpos), -1)
-    return rank_blocks(scores, own, TOPK, forced_blocks(own, num_blocks, SINK, LOCAL))
+    return rank_blocks(scores, own, topk, forced_blocks(own, num_blocks, SINK, LOCAL))
 
 
-def evaluate_set(name, k, v, q, qpos, seed):
+def evaluate_set(name, k, v, q, qpos, seed, topk):
     cache, summaries, table, k_scale, v_scale = build_cache(k, v, seed)
     t = q.shape[0]
     hkv = summaries.num_kv_heads
@@ -178,23 +178,23 @@ def evaluate_set(name, k, v, q, qpos, seed):
     mass = block_attention_mass(q, cache, table, req, pos, k_scale, sm)  # [Hkv, T, B]
     num_blocks = table.shape[1]
     own = pos.long() // fmt.PAGE_SIZE
-    oracle_mass = mass.sort(dim=-1, descending=True).values[..., :TOPK].sum(-1)
+    oracle_mass = mass.sort(dim=-1, descending=True).values[..., :topk].sum(-1)
     forced = forced_blocks(own, num_blocks, SINK, LOCAL)
     selections = {
-        "mean": select_blocks(q, summaries, table, req, pos, method="mean"),
-        "quest": select_blocks(q, summaries, table, req, pos, method="quest"),
-        "mean-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "mean"), own, TOPK, forced),
-        "quest-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "quest"), own, TOPK, forced),
-        "window": window_selection(qpos, hkv, num_blocks),
-        "oracle": oracle_blocks(mass, pos, TOPK),  # the bound any top-16 selection can reach
+        "mean": select_blocks(q, summaries, table, req, pos, topk=topk, method="mean"),
+        "quest": select_blocks(q, summaries, table, req, pos, topk=topk, method="quest"),
+        "mean-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "mean"), own, topk, forced),
+        "quest-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "quest"), own, topk, forced),
+        "window": window_selection(qpos, hkv, num_blocks, topk),
+        "oracle": oracle_blocks(mass, pos, topk),  # the bound any top-k selection can reach
     }
     group = q.shape[1] // hkv
     all_blocks = torch.arange(num_blocks, dtype=torch.int32)[None, None, :].expand(hkv, t, -1).contiguous()
     dense = sparse_prefill_reference(q, cache, all_blocks, table, req, pos, k_scale, v_scale, sm, mode="ideal")
     stats = {
-        "tokens": t, "kv_heads": hkv, "group": group, "context": k.shape[0],
+        "tokens": t, "kv_heads": hkv, "group": group, "context": k.shape[0], "topk": topk,
         "visible_blocks_mean": float((own + 1).float().mean()),
-        "oracle_top16_share": float((oracle_mass / group).mean()),
+        "oracle_topk_share": float((oracle_mass / group).mean()),
         "forced_blocks_share": float(((mass * forced[None]).sum(-1) / group).mean()),
     }
     rows = {}
@@ -212,24 +212,24 @@ def evaluate_set(name, k, v, q, qpos, seed):
 
 
 def recall_section(args):
-    ctx, hkv, group, queries = args.context, 2, 16, args.queries
+    ctx, hkv, group, queries, topk = args.context, 2, 16, args.queries, args.topk
     sets = []
     for sigma, share in ((1.0, 0.5), (0.5, 0.5), (1.0, 0.8), (2.0, 0.5)):
         k, v, q, qpos = needle_data(100, ctx, hkv, group, queries, sigma, share)
-        sets.append(evaluate_set(f"needle sigma={sigma} share={share}", k, v, q, qpos, 100))
+        sets.append(evaluate_set(f"needle sigma={sigma} share={share}", k, v, q, qpos, 100, topk))
         print_set(sets[-1])
     for seed in (200, 201):
         k, v, q, qpos = realistic_data(seed, ctx, hkv, group, queries)
-        sets.append(evaluate_set(f"realistic seed={seed}", k, v, q, qpos, seed))
+        sets.append(evaluate_set(f"realistic seed={seed}", k, v, q, qpos, seed, topk))
         print_set(sets[-1])
-    return {"context": ctx, "kv_heads": hkv, "group": group, "queries": queries, "sets": sets}
+    return {"context": ctx, "kv_heads": hkv, "group": group, "queries": queries, "topk": topk, "sets": sets}
 
 
 def print_set(result):
     s = result["stats"]
     print(f"\n{result['name']}: ctx {s['context']}, {s['tokens']} tokens x {s['kv_heads']} KV heads, "
-          f"G={s['group']}, visible blocks {s['visible_blocks_mean']:.0f}, oracle top-16 share "
-          f"{s['oracle_top16_share']:.3f}, forced-block share {s['forced_blocks_share']:.3f}")
+          f"G={s['group']}, visible blocks {s['visible_blocks_mean']:.0f}, oracle top-{s['topk']} share "
+          f"{s['oracle_topk_share']:.3f}, forced-block share {s['forced_blocks_share']:.3f}")
     print(f"  {'method':14s} {'recall':>7s} {'p05':>7s} {'>=0.9':>7s} {'out err':>8s}")
     for m, r in result["methods"].items():
         print(f"  {m:14s} {r['recall_mean']:7.3f} {r['recall_p05']:7.3f} {r['share_ge_0.9']:7.3f} "
@@ -244,10 +244,10 @@ def recall_markdown(res, command):
         f"Date: {datetime.date.today().isoformat()}  ",
         f"Hardware: CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}  ",
         f"Context {res['context']} tokens, {res['queries']} query tokens at random positions in its second half, "
-        f"Hkv={res['kv_heads']}, G={res['group']}, top-{TOPK}, sink={SINK}, local={LOCAL}.",
+        f"Hkv={res['kv_heads']}, G={res['group']}, top-{res['topk']}, sink={SINK}, local={LOCAL}.",
         "",
-        "recall = mass(selected) / mass(oracle top-16), per (token, KV head): mean, 5th percentile, share >= 0.9; "
-        "out err = ||sparse - dense|| / ||dense|| of the attention output (reference kernel, float64). "
+        f"recall = mass(selected) / mass(oracle top-{res['topk']}), per (token, KV head): mean, 5th percentile, "
+        "share >= 0.9; out err = ||sparse - dense|| / ||dense|| of the attention output (reference kernel, float64). "
         "Targets: recall >= 0.95 on planted needles, >= 0.9 on realistic data. Data sets and methods: "
         "docstring of `bench/eval_indexer.py`.",
         "",
@@ -267,8 +267,8 @@ def recall_markdown(res, command):
     for s in res["sets"]:
         st = s["stats"]
         lines += [f"## {s['name']}", "",
-                  f"oracle top-16 share of all mass {st['oracle_top16_share']:.3f}; share in own/sink/local blocks "
-                  f"{st['forced_blocks_share']:.3f}; visible blocks (mean) {st['visible_blocks_mean']:.0f}", "",
+                  f"oracle top-{st['topk']} share of all mass {st['oracle_topk_share']:.3f}; share in own/sink/local "
+                  f"blocks {st['forced_blocks_share']:.3f}; visible blocks (mean) {st['visible_blocks_mean']:.0f}", "",
                   "| method | recall | p05 | share >= 0.9 | out err |", "| --- | --- | --- | --- | --- |"]
         for m, r in s["methods"].items():
             lines.append(f"| {m} | {r['recall_mean']:.3f} | {r['recall_p05']:.3f} | {r['share_ge_0.9']:.3f} | "
@@ -331,7 +331,8 @@ def gpu_section(args):
     from sglang_nvfp4.kernels.triton_indexer import select_top_blocks
 
     device = torch.device("cuda")
-    out = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
+    out = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__,
+           "topk": args.topk}
     print(f"GPU {out['device']}, torch {out['torch']}, triton {out['triton']}")
     try:
         out["check"] = gpu_check(device)
@@ -361,13 +362,14 @@ def gpu_section(args):
         run = {"context": ctx, "prefill_tokens": chunk, "heads": heads, "kv_heads": hkv}
         run["update_chunk_ms"] = bench_ms(lambda: summaries.update(cache, chunk_slots))
         for method in ("mean", "quest"):
-            run[f"select_{method}_ms"] = bench_ms(lambda: select_blocks(q, summaries, table, req, pos, method=method))
+            run[f"select_{method}_ms"] = bench_ms(lambda: select_blocks(q, summaries, table, req, pos, topk=args.topk,
+                                                                        method=method))
         qa = aggregate_queries(q, hkv, "quest")
         keys = summaries.keys("quest")
         for tokens in (16, 32, 64):
             run[f"select_quest_tile{tokens}_ms"] = bench_ms(
-                lambda: select_top_blocks(qa, keys, table, req, pos, TOPK, SINK, LOCAL, tokens_per_tile=tokens))
-        block_ids = select_blocks(q, summaries, table, req, pos)
+                lambda: select_top_blocks(qa, keys, table, req, pos, args.topk, SINK, LOCAL, tokens_per_tile=tokens))
+        block_ids = select_blocks(q, summaries, table, req, pos, topk=args.topk)
         if attention_impl is not None:
             try:
                 o = torch.empty_like(q)
@@ -387,11 +389,13 @@ def gpu_section(args):
         dslots = dtable[:, -1].long() * fmt.PAGE_SIZE + fmt.PAGE_SIZE - 1
         run["decode_batch"] = batch
         run["update_decode_ms"] = bench_ms(lambda: dsum.update(dcache, dslots))
-        run["select_decode_quest_ms"] = bench_ms(lambda: select_blocks(dq, dsum, dtable, dreq, dpos, method="quest"))
-        run["select_decode_mean_ms"] = bench_ms(lambda: select_blocks(dq, dsum, dtable, dreq, dpos, method="mean"))
+        run["select_decode_quest_ms"] = bench_ms(lambda: select_blocks(dq, dsum, dtable, dreq, dpos, topk=args.topk,
+                                                                       method="quest"))
+        run["select_decode_mean_ms"] = bench_ms(lambda: select_blocks(dq, dsum, dtable, dreq, dpos, topk=args.topk,
+                                                                      method="mean"))
         if attention_impl is not None:
             try:
-                decode_block_ids = select_blocks(dq, dsum, dtable, dreq, dpos)
+                decode_block_ids = select_blocks(dq, dsum, dtable, dreq, dpos, topk=args.topk)
                 do = torch.empty_like(dq)
                 run["attention_decode_ms"] = bench_ms(lambda: kernels.sparse_decode(dq, dcache, decode_block_ids, dtable, dreq, dpos,
                                                                                      1.0, 1.0, D**-0.5, out=do))
@@ -407,9 +411,9 @@ def gpu_section(args):
 def gpu_markdown(res, command):
     lines = ["# Indexer GPU timing", "", f"Command: `{command}`  ", f"Date: {datetime.date.today().isoformat()}  ",
              f"Hardware: {res['device']}, torch {res['torch']}, triton {res['triton']}  ",
-             "Medians of `triton.testing.do_bench`. One request, H=64, Hkv=4; prefill = the last 8192 tokens of the "
-             "context (the costliest chunk: every token sees the whole context); decode = a batch of "
-             f"{res['runs'][0]['decode_batch']} requests of that context on distinct pages. Random NVFP4 cache bytes.",
+             f"Medians of `triton.testing.do_bench`. One request, H=64, Hkv=4, top-{res['topk']}; prefill = the last "
+             "8192 tokens of the context (the costliest chunk: every token sees the whole context); decode = a batch "
+             f"of {res['runs'][0]['decode_batch']} requests of that context on distinct pages. Random NVFP4 cache bytes.",
              "", f"Compiled kernels vs torch path: `{json.dumps(res['check'])}`", ""]
     if res["attention_impl"] is None:
         lines += ["The dispatcher did not serve CUDA: the attention kernels were not timed, the indexer alone was.", ""]
@@ -431,12 +435,32 @@ def gpu_markdown(res, command):
     return "\n".join(lines)
 
 
+def topk_argument(text: str) -> int:
+    """``--topk``: blocks per KV head and token, from the forced sink + local + own blocks up to ``fmt.MAX_TOPK``."""
+    try:
+        topk = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    lowest = SINK + LOCAL + 1
+    if not lowest <= topk <= fmt.MAX_TOPK:
+        raise argparse.ArgumentTypeError(f"must be in {lowest}..{fmt.MAX_TOPK} (the sink, local and own blocks are "
+                                         f"always selected; {fmt.MAX_TOPK} = fmt.MAX_TOPK), got {topk}")
+    return topk
+
+
+def output_name(stem: str, topk: int) -> str:
+    """File name stem of a section's results: ``stem``, plus ``_top<topk>`` for a non-default budget."""
+    return stem if topk == fmt.TOPK else f"{stem}_top{topk}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--section", choices=("recall", "gpu", "all"), default="all")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--queries", type=int, default=64)
+    parser.add_argument("--topk", type=topk_argument, default=fmt.TOPK,
+                        help=f"blocks selected per KV head and token (default {fmt.TOPK})")
     args = parser.parse_args()
     command = "python " + " ".join(sys.argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -444,7 +468,7 @@ def main():
         t0 = time.time()
         res = recall_section(args)
         res.update(command=command, date=datetime.date.today().isoformat(), seconds=time.time() - t0)
-        name = f"indexer_recall_{args.context // 1024}k"
+        name = output_name(f"indexer_recall_{args.context // 1024}k", args.topk)
         (args.out / f"{name}.json").write_text(json.dumps(res, indent=1))
         (args.out / f"{name}.md").write_text(recall_markdown(res, command))
     if args.section in ("gpu", "all"):
@@ -453,8 +477,9 @@ def main():
         else:
             res = gpu_section(args)
             res.update(command=command, date=datetime.date.today().isoformat())
-            (args.out / "indexer_gpu.json").write_text(json.dumps(res, indent=1))
-            (args.out / "indexer_gpu.md").write_text(gpu_markdown(res, command))
+            name = output_name("indexer_gpu", args.topk)
+            (args.out / f"{name}.json").write_text(json.dumps(res, indent=1))
+            (args.out / f"{name}.md").write_text(gpu_markdown(res, command))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ on the project's synthetic task (:mod:`sglang_nvfp4.quality.task`): documents of
 records ``<k> KEY VALUE`` hidden at random places; a prompt ends with the question ``<q> KEY`` and the right
 next token is that record's value. The demo starts ``sglang.launch_server`` on 127.0.0.1 (torch reference
 kernels on CPU, Triton on a GPU), sends prompts of 3-6K tokens (24-48 blocks of 128, while each token attends
-16 of them) with the record at several depths, prints expected vs answered, asks a second question about a
+the default 32 of them) with the record at several depths, prints expected vs answered, asks a second question about a
 document already in the radix cache, prints the KV capacity against a bf16 cache of the same size, and stops
 the server with SIGTERM.
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from .local_server import LocalServer
 from .quality import task
+from .sglang.config import DEFAULT_TOPK
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "retrieval_model"
 PROMPTS = ((3072, 0.1), (3584, 0.3), (4096, 0.5), (4608, 0.7), (5120, 0.9), (6144, 0.5))  # (tokens, record depth)
@@ -42,7 +43,8 @@ def ask(srv: LocalServer, tokens) -> tuple[int, dict]:
     return meta["output_token_logprobs"][0][1], meta
 
 
-SETTINGS = (("all blocks", {"NVFP4_SPARSE_DENSE_LAYERS": "all"}), ("top-16", {}))  # NVFP4 cache in both
+DEFAULT = f"top-{DEFAULT_TOPK}"  # the default selection
+SETTINGS = (("all blocks", {"NVFP4_SPARSE_DENSE_LAYERS": "all"}), (DEFAULT, {}))  # NVFP4 cache in both
 
 
 def serve_and_ask(model: str, workdir: str, name: str, settings: dict, prompts, follow_up) -> dict:
@@ -86,7 +88,7 @@ def main() -> int:
     print(f"model: {args.model}\n  trained retrieval model (2 layers, 16 query heads / 1 KV head, head_dim 128): "
           "a prompt hides key-value records in filler words and ends with a question '<q> KEY'")
     print("serving it with --attention-backend nvfp4_sparse (4-bit NVFP4 KV cache), twice: every block attended, "
-          "then the default top-16 blocks of 128 per token ...", flush=True)
+          f"then the default {DEFAULT} blocks of 128 per token ...", flush=True)
     runs = {name: serve_and_ask(args.model, args.workdir, name, settings, prompts, follow_up)
             for name, settings in SETTINGS}
 
@@ -99,14 +101,14 @@ def main() -> int:
     for name, r in runs.items():
         right = sum(a == row[3] for a, row in zip(r["answers"], rows))
         print(f"{name}: {right} of {len(rows)} right")
-    top16 = runs["top-16"]
-    print(f"prompt 1b asks about prompt 1's document again: {top16['cached']} of {len(follow_up)} tokens came from "
+    default = runs[DEFAULT]
+    print(f"prompt 1b asks about prompt 1's document again: {default['cached']} of {len(follow_up)} tokens came from "
           "the radix cache")
-    if top16["capacity"]:
-        c = top16["capacity"]
+    if default["capacity"]:
+        c = default["capacity"]
         print(f"KV capacity: {int(c[1]):,} tokens in NVFP4 where a bf16 cache of the same memory holds {int(c[2]):,} "
               f"({c[3]}x)")
-    print("top-16 misses are the selection's (the training-free indexer), not the 4-bit cache's: README, "
+    print(f"{DEFAULT} misses are the selection's (the training-free indexer), not the 4-bit cache's: README, "
           "'Checking answer quality'")
     codes = {name: r["exit_code"] for name, r in runs.items()}
     print(f"servers stopped with SIGTERM: exit codes {codes}")

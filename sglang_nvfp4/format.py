@@ -64,7 +64,7 @@ PAGE_SIZE = 128  # tokens per page (= one logical block of the sparse selection)
 HEAD_DIM = 128  # dims per head
 ROW_BYTES = 72  # bytes per cache row: 64 code bytes + 8 scale bytes
 SCALE_GROUP = 16  # elements sharing one E4M3 block scale
-TOPK = 16  # blocks selected per KV head per query token (the default budget; FlyDSL's fixed width)
+TOPK = 16  # the kernels' narrowest selection width: FlyDSL's fixed one, the backend pads narrower ones to it
 MAX_TOPK = 64  # the largest budget the Triton kernels and the indexers are tested with
 
 CODE_BYTES = HEAD_DIM // 2  # 64: two E2M1 codes per byte

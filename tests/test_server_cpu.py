@@ -21,6 +21,8 @@ from sglang_nvfp4.local_server import LocalServer, free_port, sglang_process  # 
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text  # noqa: E402
 
 SERVER_ARGS = ["--max-total-tokens", "65536", "--mem-fraction-static", "0.5", "--max-running-requests", "16"]
+# Top-16 rather than the default 32: the long prompts below (24 blocks) then select sparsely.
+SPARSE_ENV = {**os.environ, "NVFP4_SPARSE_TOPK": "16"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def dense_answers(model_dir, short_prompts):
 
 @pytest.fixture(scope="module")
 def sparse_server(model_dir):
-    srv = LocalServer(model_dir, "nvfp4_sparse", extra_args=SERVER_ARGS)
+    srv = LocalServer(model_dir, "nvfp4_sparse", extra_args=SERVER_ARGS, env=SPARSE_ENV)
     srv.start()
     yield srv
     assert srv.stop() == 0  # SIGTERM to the server alone: SGLang drains and exits cleanly

@@ -171,7 +171,8 @@ def test_kit_dense_cases_match_dense_attention(layout, name, mode, heads, kv_hea
 # ---------------------------------------------------------------------------------------------
 # Sparse selection, radix-shared pages, chunked prefill, decode.
 # ---------------------------------------------------------------------------------------------
-def test_sparse_prefill_with_prefix_matches_reference_on_independent_metadata():
+def test_sparse_prefill_with_prefix_matches_reference_on_independent_metadata(monkeypatch):
+    monkeypatch.setenv("NVFP4_SPARSE_TOPK", "16")  # 21 blocks: a sparse selection
     h = Harness(num_kv_heads=2, seed=1)
     lens, prefixes = [2600, 900], [1000, 0]
     pages = [h.take_pages(-(-n // 128)) for n in lens]
@@ -256,6 +257,7 @@ def test_decode_after_prefill_matches_reference_and_graph_metadata_path(monkeypa
 
 def test_dense_layers_attend_every_visible_block(monkeypatch):
     monkeypatch.setenv("NVFP4_SPARSE_DENSE_LAYERS", "0")
+    monkeypatch.setenv("NVFP4_SPARSE_TOPK", "16")
     h = Harness(num_kv_heads=1, seed=5)
     n = 2700  # 22 blocks: more than TOPK
     pages = h.take_pages(22)
@@ -433,7 +435,7 @@ def test_unsupported_head_dim_fails_at_startup():
     "env, match",
     [({"NVFP4_SPARSE_TOPK": "65"}, r"TOPK=65: expected 1\.\.64"), ({"NVFP4_SPARSE_TOPK": "0"}, "TOPK"),
      ({"NVFP4_SPARSE_TOPK": "x"}, "TOPK"),
-     ({"NVFP4_SPARSE_INDEXER": "oracle"}, "INDEXER"), ({"NVFP4_SPARSE_SINK_BLOCKS": "16"}, "SINK"),
+     ({"NVFP4_SPARSE_INDEXER": "oracle"}, "INDEXER"), ({"NVFP4_SPARSE_SINK_BLOCKS": "32"}, "SINK"),
      ({"NVFP4_SPARSE_DENSE_LAYERS": "1,a"}, "DENSE_LAYERS"), ({"NVFP4_SPARSE_KERNEL": "bogus"}, "KERNEL")],
 )
 def test_bad_configuration_names_the_variable(env, match):
@@ -459,7 +461,7 @@ def test_settings_checked_against_the_model():
     ({"NVFP4_SPARSE_TOPK": "0"}, {}, "NVFP4_SPARSE_TOPK=0"),
     ({"NVFP4_SPARSE_TOPK": "abc"}, {}, "NVFP4_SPARSE_TOPK='abc'"),
     ({"NVFP4_SPARSE_INDEXER": "bogus"}, {}, "NVFP4_SPARSE_INDEXER='bogus'"),
-    ({"NVFP4_SPARSE_SINK_BLOCKS": "16"}, {}, "NVFP4_SPARSE_SINK_BLOCKS=16"),
+    ({"NVFP4_SPARSE_SINK_BLOCKS": "32"}, {}, "NVFP4_SPARSE_SINK_BLOCKS=32"),
     ({"NVFP4_SPARSE_DENSE_LAYERS": "-1"}, {}, "NVFP4_SPARSE_DENSE_LAYERS"),
     ({"NVFP4_SPARSE_DENSE_LAYERS": "99"}, {}, "beyond the model's 2 layers"),
     ({"NVFP4_SPARSE_KERNEL": "bogus"}, {}, "NVFP4_SPARSE_KERNEL='bogus'"),
@@ -497,7 +499,7 @@ def test_request_inputs_that_crash_sglang_are_refused():
 
 def test_configuration_defaults_and_values():
     cfg = load_config({})
-    assert (cfg.topk, cfg.sink_blocks, cfg.local_blocks) == (16, 1, 1) and not cfg.is_dense_layer(0)
+    assert (cfg.topk, cfg.sink_blocks, cfg.local_blocks) == (32, 1, 1) and not cfg.is_dense_layer(0)
     cfg = load_config({"NVFP4_SPARSE_TOPK": "8", "NVFP4_SPARSE_DENSE_LAYERS": "0,2", "NVFP4_SPARSE_INDEXER": "mean"})
     assert cfg.topk == 8 and cfg.is_dense_layer(2) and not cfg.is_dense_layer(1) and cfg.indexer == "mean"
     assert load_config({"NVFP4_SPARSE_DENSE_LAYERS": "all"}).is_dense_layer(7)

@@ -68,11 +68,15 @@ def default_dense_backend() -> str:
 
 
 def run_setting(model_dir: str, setting: Setting, prompts, *, out_dir: str, batch: int = 16,
-                extra_args=(), gpu: str | None = None, log=print) -> list[dict]:
+                extra_args=(), gpu: str | None = None, prefixes=(), log=print) -> list[dict]:
     """Serve ``prompts`` under ``setting``; one row per prompt: the prompt's ``family``, ``length``, ``depth``,
     ``second_depth``, ``target_depth`` and ``answers``, the greedy ``token``, ``correct``
     (:func:`~.task.is_correct`; ``pair`` rows also carry the ``top_tokens``, the two most likely ids) and
-    ``answer_logprob`` (the mean log-probability of the answers)."""
+    ``answer_logprob`` (the mean log-probability of the answers).
+
+    ``prefixes`` (token arrays, e.g. :func:`~.task.make_shared_prompts` documents) are served first, one at
+    a time, their outputs unused: each enters the radix cache, so prompts that extend it attend its cached
+    pages instead of prefilling the same document once per prompt of a batch."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVFP4_SPARSE_")}
     env.update(setting.env)
     if gpu is not None:
@@ -87,6 +91,8 @@ def run_setting(model_dir: str, setting: Setting, prompts, *, out_dir: str, batc
     with LocalServer(model_dir, setting.backend, extra_args=args, env=env, startup_timeout=600,
                      log_path=os.path.join(out_dir, f"server_{setting.name}.log")) as srv:
         log(f"[{setting.name}] server up after {time.perf_counter() - t0:.0f} s")
+        for prefix in prefixes:
+            srv.post("/generate", {"text": task.to_text(prefix), "sampling_params": {"max_new_tokens": 1}})
         for i in range(0, len(prompts), batch):
             chunk = prompts[i:i + batch]
             out = srv.post("/generate", {

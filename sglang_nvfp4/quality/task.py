@@ -204,6 +204,38 @@ def make_prompts(seed: int, lengths, depths, per_cell: int, family: str = "singl
     return prompts
 
 
+def make_shared_prompts(seed: int, length: int, pair_fraction: float = 0.25) -> tuple[np.ndarray, list[Prompt]]:
+    """One document of ``length`` tokens and one prompt per key it records, all sharing it as their prefix.
+
+    The document is :func:`make_document` (``pair_fraction`` of its record slots record an earlier key a
+    second time) with every query overwritten by filler, so no key is queried before its prompt. A key's
+    prompt is the document followed by ``<q> KEY``: ``single`` for a key recorded once, ``pair`` for a key
+    recorded twice at least ``PAIR_MIN_DISTANCE`` tokens apart (a key recorded twice closer than that is
+    left out: one block could answer it). Served after the document alone, every prompt is a two-token
+    extend over the document's cached pages; ``depth`` is the (first) record's position / ``length``,
+    ``target_depth`` the same rounded to 0.1. Returns ``(document tokens, prompts in key order)``."""
+    if length < PAIR_MIN_LENGTH:
+        raise ValueError(f"length must be >= {PAIR_MIN_LENGTH}, got {length}")
+    rng = np.random.default_rng([seed, length, 1 + FAMILIES.index("pair")])
+    doc = make_document(rng, length, pair_fraction=pair_fraction)
+    tokens = doc.tokens.copy()
+    for q in np.flatnonzero(tokens == QUERY):
+        tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
+    records: dict[int, list[tuple[int, int]]] = {}  # key -> [(position, value)] in position order
+    for pos, key, value in doc.records:
+        records.setdefault(key, []).append((pos, value))
+    prompts = []
+    for key in sorted(records):
+        (pos, value), *second = records[key]
+        if second and second[0][0] - pos < PAIR_MIN_DISTANCE:
+            continue
+        answers = (value, second[0][1]) if second else (value,)
+        prompts.append(Prompt(np.concatenate([tokens, np.array([QUERY, key])]), value, length, pos / length,
+                              round(pos / length, 1), answers, "pair" if second else "single",
+                              second[0][0] / length if second else None))
+    return tokens, prompts
+
+
 def is_correct(answers, ranked_ids) -> bool:
     """Whether a prediction answers a prompt: ``ranked_ids`` are the model's next-token ids, most likely
     first; the ``len(answers)`` most likely must be exactly ``answers`` (``single``: the argmax is the

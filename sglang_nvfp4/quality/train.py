@@ -120,7 +120,7 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     cfg = ModelConfig(hidden_size=args.hidden_size, layers=args.layers, intermediate_size=args.intermediate_size,
-                      max_position_embeddings=max(32768, max(args.lengths)))
+                      max_position_embeddings=2 * max(32768, max(args.lengths)))  # room to serve the longest prompts
     model = RetrievalLM(cfg).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     use_bf16 = torch.device(args.device).type == "cuda"

@@ -4,8 +4,10 @@
 =============================  =======  ==========================================================
 variable                       default  meaning
 =============================  =======  ==========================================================
-``NVFP4_SPARSE_TOPK``          16       blocks of 128 keys attended per KV head and token (1..64;
-                                        above 16, FlyDSL layers fall back to Triton)
+``NVFP4_SPARSE_TOPK``          32       blocks of 128 keys attended per KV head and token (1..64;
+                                        above 16, FlyDSL layers fall back to Triton). 32 from
+                                        ``bench/results/quality_selection_h200.md``: top-16 lost
+                                        13 points against dense at 4K-32K, top-32 1.4
 ``NVFP4_SPARSE_SINK_BLOCKS``   1        leading blocks every token always attends
 ``NVFP4_SPARSE_LOCAL_BLOCKS``  1        blocks just before the token's own that it always attends
 ``NVFP4_SPARSE_INDEXER``       quest    training-free block scoring: ``quest`` (per-dim min/max
@@ -13,12 +15,12 @@ variable                       default  meaning
                                         ``mean`` (mean key; a third of the summary memory) or
                                         ``proxy`` (head-mean query against every cached key,
                                         max-pooled: the best recall in
-                                        ``bench/results/quality_scoring_recall.md``; its GPU
-                                        kernel is not yet run on a GPU)
+                                        ``bench/results/quality_scoring_recall.md``; its cost
+                                        on the H200: ``bench/results/selection_h200.md``)
 ``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
                                         (dense attention over the NVFP4 cache), or ``all``
-``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton`` or ``flydsl`` kernels; validated
-                                        here, read by the pool's cache writer at start-up and by the
+``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
+                                        ``flydsl`` kernels; validated here, read by the pool's cache writer at start-up and by the
                                         kernel dispatcher when a forward is planned
 =============================  =======  ==========================================================
 
@@ -49,11 +51,16 @@ from .minimax_m3 import M3Sparsity, m3_sparsity
 _PREFIX = "NVFP4_SPARSE_"
 _SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER")  # a model's own indexer replaces them
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
+# Blocks per KV head and token when NVFP4_SPARSE_TOPK is unset. On the trained retrieval model, top-32 quest lost
+# 1.4 points against dense over all 4K-32K prompts (up to 5.5 at 32K) where top-16 lost 13.2, at 1.68x top-16's
+# indexer + kernel time at 32K (bench/results/quality_selection_h200.md, selection_h200.md). format.TOPK stays
+# the kernels' narrowest width (FlyDSL's only one).
+DEFAULT_TOPK = 32
 
 
 @dataclass(frozen=True)
 class SparseConfig:
-    topk: int = fmt.TOPK
+    topk: int = DEFAULT_TOPK
     sink_blocks: int = 1
     local_blocks: int = 1
     indexer: str = "quest"
@@ -126,7 +133,7 @@ def _int(env, name: str, default: int, lo: int, hi: int) -> int:
 def load_config(env=None) -> SparseConfig:
     """Read and validate the ``NVFP4_SPARSE_*`` variables from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
-    topk = _int(env, "TOPK", fmt.TOPK, 1, fmt.MAX_TOPK)
+    topk = _int(env, "TOPK", DEFAULT_TOPK, 1, fmt.MAX_TOPK)
     sink = _int(env, "SINK_BLOCKS", 1, 0, topk - 1)
     local = _int(env, "LOCAL_BLOCKS", 1, 0, topk - 1 - sink)
     indexer = env.get(_PREFIX + "INDEXER") or "quest"
