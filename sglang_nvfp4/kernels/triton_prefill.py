@@ -68,6 +68,24 @@ def default_prefill_config(group: int) -> PrefillConfig:
 
 
 @triton.jit
+def _tile_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, first_token, entry,
+                  T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs, K_POW2: tl.constexpr):
+    """Entries ``entry`` (flat ``token * K_POW2 + slot`` indices) of the tile starting at ``first_token``:
+    ``(block, page, selected)``, where a block counts as selected when it is an id >= 0 that starts at or
+    before its token's position (later blocks contribute nothing)."""
+    token = first_token + entry // K_POW2
+    slot = entry % K_POW2
+    live = (token < T) & (slot < K)
+    block = tl.load(block_ids_ptr + kv_head * stride_ih + token.to(tl.int64) * stride_it + slot * stride_ik,
+                    mask=live, other=-1)
+    req = tl.load(req_ptr + token, mask=live, other=0)
+    pos = tl.load(pos_ptr + token, mask=live, other=-1)
+    selected = (block >= 0) & (block * PAGE <= pos)
+    page = tl.load(block_table_ptr + req.to(tl.int64) * stride_br + block * stride_bs, mask=selected, other=-1)
+    return block, page, selected
+
+
+@triton.jit
 def _plan_tiles_kernel(
     block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
     plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,  # int32 [Hkv, tiles], [Hkv, tiles, WIDTH] x 3
@@ -78,33 +96,33 @@ def _plan_tiles_kernel(
     kv_head = tl.program_id(1)
     num_tiles = tl.num_programs(0)
     WIDTH: tl.constexpr = BLOCK_T * K_POW2
+    first_token = tile * BLOCK_T
+    meta = (T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs)
 
     entry = tl.arange(0, WIDTH)
-    tile_token = entry // K_POW2
-    token = tile * BLOCK_T + tile_token
-    slot = entry % K_POW2
-    live = (token < T) & (slot < K)
-    block = tl.load(block_ids_ptr + kv_head * stride_ih + token.to(tl.int64) * stride_it + slot * stride_ik,
-                    mask=live, other=-1)
-    req = tl.load(req_ptr + token, mask=live, other=0)
-    pos = tl.load(pos_ptr + token, mask=live, other=-1)
-    selected = (block >= 0) & (block * PAGE <= pos)  # a block starting after pos contributes nothing
-    page = tl.load(block_table_ptr + req.to(tl.int64) * stride_br + block * stride_bs, mask=selected, other=-1)
-
-    # same[i, j]: entries i and j name the same (page, block); the first of each class is kept.
-    same = (page[:, None] == page[None, :]) & (block[:, None] == block[None, :])
-    same = same & selected[:, None] & selected[None, :]
-    earlier = entry[None, :] < entry[:, None]
-    first = selected & (tl.max((same & earlier).to(tl.int32), axis=1) == 0)
-    # The union in (block, page) order: a token's own pages come in ascending block order whatever its
-    # tile-mates selected (batch invariance; see the module docstring).
-    before = (block[None, :] < block[:, None]) | \
-             ((block[None, :] == block[:, None]) & (page[None, :] < page[:, None]))
-    rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
-    # members[i]: bit b set when token b of the tile selected entry i's (page, block).
-    by_token = tl.reshape(same.to(tl.int32), (WIDTH, BLOCK_T, K_POW2))
-    picked = tl.max(by_token, axis=2)  # [WIDTH, BLOCK_T]
-    members = tl.sum(picked << tl.arange(0, BLOCK_T)[None, :], axis=1)
+    block, page, selected = _tile_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, first_token,
+                                          entry, *meta, K_POW2=K_POW2)
+    # Against one token's K_POW2 entries at a time (``other``), so no WIDTH x WIDTH matrix is ever live
+    # (at WIDTH 256 it spilled kilobytes per thread): entry i is the first of its (page, block) class when no
+    # earlier entry matches it; its rank in the union is the number of first entries before it in
+    # (block, page) order (a token's own pages then come in ascending block order whatever its tile-mates
+    # selected: batch invariance, see the module docstring); members has bit b set when token b matched it.
+    duplicate = tl.zeros((WIDTH,), tl.int1)
+    rank = tl.zeros((WIDTH,), tl.int32)
+    members = tl.zeros((WIDTH,), tl.int32)
+    for b in range(BLOCK_T):
+        other = b * K_POW2 + tl.arange(0, K_POW2)
+        other_block, other_page, other_selected = _tile_entries(
+            block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, first_token, other, *meta, K_POW2=K_POW2)
+        same = (page[:, None] == other_page[None, :]) & (block[:, None] == other_block[None, :])
+        same = same & selected[:, None] & other_selected[None, :]  # [WIDTH, K_POW2]
+        members |= tl.max(same.to(tl.int32), axis=1) << b
+        duplicate |= tl.max((same & (other[None, :] < entry[:, None])).to(tl.int32), axis=1) != 0
+        other_first = other_selected & (tl.max((same & (entry[:, None] < other[None, :])).to(tl.int32), axis=0) == 0)
+        before = (other_block[None, :] < block[:, None]) | \
+                 ((other_block[None, :] == block[:, None]) & (other_page[None, :] < page[:, None]))
+        rank += tl.sum((other_first[None, :] & before).to(tl.int32), axis=1)
+    first = selected & ~duplicate
 
     base = (kv_head * num_tiles + tile).to(tl.int64) * WIDTH + rank
     tl.store(plan_page_ptr + base, page, mask=first)
@@ -176,7 +194,7 @@ def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):
     _plan_tiles_kernel[(num_tiles, hkv)](
         block_ids, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
         t, width_k, *block_ids.stride(), *block_table.stride(),
-        BLOCK_T=tokens_per_tile, K_POW2=k_pow2, num_warps=4,
+        BLOCK_T=tokens_per_tile, K_POW2=k_pow2, num_warps=8 if tokens_per_tile * k_pow2 >= 256 else 4,
     )
     return union_len, plan
 
