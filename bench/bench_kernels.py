@@ -5,10 +5,13 @@ Run on the GPU host (bench/gpu_session.sh does, with the offline SGLang bundle o
     python bench/bench_kernels.py --out DIR            # everything; DIR/kernels_h200.{json,png}
     python bench/bench_kernels.py --profile            # one prefill and one decode launch, for ncu
 
-Prefill: one request of T tokens, T in {8K, 32K, 64K, 128K}, (H, Hkv) in {(64, 4), (16, 1)}. Selection
-patterns: "random" (per token and KV head, the own block plus 15 distinct random earlier blocks: the
-worst case for a tile's union), "shared8" (one random selection per run of 8 tokens) and "indexer"
-(``sglang_nvfp4.indexer.select_blocks`` on the benchmark's random data, when that module imports).
+Prefill: one request of T tokens, T in {8K, 32K, 64K, 128K}, (H, Hkv) in {(64, 4), (16, 1)}, K ids per token
+(``--topk``, default 16). Selection patterns: "random" (per token and KV head, the own block plus K - 1
+distinct random earlier blocks: the worst case for a tile's union), "shared8" (one random selection per run
+of 8 tokens) and "indexer" (``sglang_nvfp4.indexer.select_blocks`` on the benchmark's random data, when that
+module imports). ``ours_ms`` is the dispatcher's choice (``implementation``); on Hopper both prefill
+kernels are timed too, ``triton_ms`` (``triton_prefill``) and ``gluon_ms`` (``gluon_prefill``, warp
+specialized), with the relative difference of their outputs (``gluon_vs_triton_rel_diff``).
 Peers in the same run: dense causal SDPA (bf16); FlashInfer's paged prefill (``flashinfer_peers.py``:
 fa2 and fa3 over bf16 K/V, fa2 over FlashInfer's NVFP4 KV cache), when FlashInfer imports; SGLang's in-tree
 ``flash_prefill_with_gqa_share_sparse`` on bf16 K/V holding the same values with the same selection
@@ -110,12 +113,13 @@ def one_request(t: int, hkv: int, gen: torch.Generator):
     return cache, block_table, slots
 
 
-def random_blocks(pos: torch.Tensor, hkv: int, gen: torch.Generator, num_blocks: int) -> torch.Tensor:
-    """Per KV head and token: the own block plus ``TOPK - 1`` distinct random earlier blocks (all of
-    them when fewer), ids in random order then -1. int32 ``[Hkv, T, TOPK]``."""
-    out = torch.full((hkv, pos.shape[0], fmt.TOPK), -1, dtype=torch.int32, device=DEV)
+def random_blocks(pos: torch.Tensor, hkv: int, gen: torch.Generator, num_blocks: int,
+                  topk: int = fmt.TOPK) -> torch.Tensor:
+    """Per KV head and token: the own block plus ``topk - 1`` distinct random earlier blocks (all of
+    them when fewer), ids in random order then -1. int32 ``[Hkv, T, topk]``."""
+    out = torch.full((hkv, pos.shape[0], topk), -1, dtype=torch.int32, device=DEV)
     blocks = torch.arange(num_blocks, device=DEV)
-    width = min(fmt.TOPK, num_blocks)
+    width = min(topk, num_blocks)
     for start in range(0, pos.shape[0], 4096):
         own = (pos[start : start + 4096].long() // fmt.PAGE_SIZE)[None, :, None]
         score = torch.rand(hkv, own.shape[1], num_blocks, device=DEV, generator=gen)
@@ -125,19 +129,19 @@ def random_blocks(pos: torch.Tensor, hkv: int, gen: torch.Generator, num_blocks:
     return out
 
 
-def selection(pattern: str, q, cache, block_table, slots, pos, gen) -> torch.Tensor:
+def selection(pattern: str, q, cache, block_table, slots, pos, gen, topk: int = fmt.TOPK) -> torch.Tensor:
     hkv, num_blocks = cache.shape[1] // 2, block_table.shape[1]
     if pattern == "random":
-        return random_blocks(pos, hkv, gen, num_blocks)
+        return random_blocks(pos, hkv, gen, num_blocks, topk)
     if pattern == "shared8":  # runs of 8 tokens never straddle a block; each run takes its last token's draw
-        last = random_blocks(pos[SHARED_RUN - 1 :: SHARED_RUN], hkv, gen, num_blocks)
+        last = random_blocks(pos[SHARED_RUN - 1 :: SHARED_RUN], hkv, gen, num_blocks, topk)
         return last.repeat_interleave(SHARED_RUN, dim=1)[:, : pos.shape[0]].contiguous()
     from sglang_nvfp4.indexer import BlockSummaries, select_blocks
 
     summaries = BlockSummaries(cache.shape[0], hkv, device=DEV)
     summaries.update(cache, slots)
     req = torch.zeros_like(pos)
-    return select_blocks(q, summaries, block_table, req, pos)
+    return select_blocks(q, summaries, block_table, req, pos, topk=topk)
 
 
 def visible_keys(block_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -223,44 +227,76 @@ def dense_causal_ms(q, k_dense, v_dense):
 # ----------------------------------------------------------------------------------------------
 
 
-def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep):
+def prefill_kernels_case(row, args, out, flop):
+    """On Hopper, time both prefill kernels on one problem (each after an untimed call) and compare outputs."""
+    q, cache, block_ids, block_table, req, pos = args[:6]
+    plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=cache.shape[1] // 2)
+    row["implementation"] = plan.implementation
+    if plan.implementation != "gluon":
+        return
+    from sglang_nvfp4.kernels import gluon_prefill
+
+    if not gluon_prefill.supports(q.shape[1], cache.shape[1] // 2, block_ids.shape[2]):
+        row["implementation"] = "triton (gluon does not serve this shape)"
+        return
+    outs = {}
+    for name, launch in (("triton", triton_prefill.launch), ("gluon", gluon_prefill.launch)):
+        outs[name] = launch(*args, torch.full_like(out, float("nan")))
+        row[f"{name}_ms"] = bench_ms(lambda: launch(*args, out))
+        row[f"{name}_TFps"] = flop / row[f"{name}_ms"] / 1e9
+    row["gluon_nan"] = bool(outs["gluon"].isnan().any())
+    row["gluon_vs_triton_rel_diff"] = ((outs["gluon"].double() - outs["triton"].double()).norm()
+                                       / outs["triton"].double().norm()).item()
+    tokens = gluon_prefill.tokens_per_consumer(q.shape[1] // (cache.shape[1] // 2))
+    union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens)
+    row["gluon_union_mean"] = union_len.float().mean().item()
+    row["speedup_gluon_vs_triton"] = row["triton_ms"] / row["gluon_ms"]
+
+
+def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep, topk=fmt.TOPK):
     cache, block_table, slots = one_request(t, hkv, gen)
     pos = torch.arange(t, device=DEV, dtype=torch.int32)
     req = torch.zeros_like(pos)
     q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
-    block_ids = selection(pattern, q, cache, block_table, slots, pos, gen)
+    block_ids = selection(pattern, q, cache, block_table, slots, pos, gen, topk)
     flop = FLOP_PER_KEY * (heads // hkv) * int(visible_keys(block_ids, pos))
     args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
     out = torch.empty_like(q)
-    row = {"T": t, "H": heads, "Hkv": hkv, "pattern": pattern, "selected_flop": flop}
+    row = {"T": t, "H": heads, "Hkv": hkv, "pattern": pattern, "topk": topk, "selected_flop": flop}
     cfg = triton_prefill.default_prefill_config(heads // hkv)
     union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, cfg.tokens_per_tile)
     row.update(config=list(cfg), union_mean=union_len.float().mean().item(), union_max=int(union_len.max()))
+    kernels.sparse_prefill(*args, out=out)  # untimed: compile
     row["ours_ms"] = bench_ms(lambda: kernels.sparse_prefill(*args, out=out))
     row["ours_TFps"] = flop / row["ours_ms"] / 1e9
+    prefill_kernels_case(row, args, out, flop)
+    kernels.sparse_prefill(*args, out=out)  # the dispatcher's output for the peers' comparison
     if sweep:
         row["sweep"] = []
         for c in triton_prefill.PREFILL_CONFIGS:
             u, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, c.tokens_per_tile)
             ms = bench_ms(lambda: triton_prefill.launch(*args, out, config=c))
             row["sweep"].append({"config": list(c), "ms": ms, "union_mean": u.float().mean().item()})
-    if in_tree_ok:
-        peer = InTreeSparse(cache, block_table, block_ids, t)
-        block_size_q = SHARED_RUN if pattern == "shared8" else 1
-        per_qblock = block_ids[:, block_size_q - 1 :: block_size_q]
-        # right-pad each row's ids with -1, as the in-tree kernel reads the first (#ids >= 0) entries
-        per_qblock = torch.sort(per_qblock, dim=-1, descending=True).values.contiguous()
+    if not in_tree_ok:
+        return row, (q, None, None)
+    peer = InTreeSparse(cache, block_table, block_ids, t)
+    block_size_q = SHARED_RUN if pattern == "shared8" else 1
+    per_qblock = block_ids[:, block_size_q - 1 :: block_size_q]
+    # right-pad each row's ids with -1, as the in-tree kernel reads the first (#ids >= 0) entries
+    per_qblock = torch.sort(per_qblock, dim=-1, descending=True).values.contiguous()
+    try:
         theirs = peer.attend(q, per_qblock, block_size_q)
-        row["in_tree_rel_diff"] = ((theirs.double() - out.double()).norm() / out.double().norm()).item()
-        row["in_tree_ms"] = bench_ms(lambda: peer.attend(q, per_qblock, block_size_q))
-        row["dequant_ms"] = bench_ms(peer.dequantize)
-        row["dequant_in_tree_ms"] = bench_ms(lambda: (peer.dequantize(), peer.attend(q, per_qblock, block_size_q)))
-        for name in ("in_tree", "dequant_in_tree"):
-            row[f"{name}_TFps"] = flop / row[f"{name}_ms"] / 1e9
-            row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["ours_ms"]
-        k_dense, v_dense = peer.k, peer.v
-    else:
-        k_dense = v_dense = None
+    except Exception as exc:  # noqa: BLE001 - the in-tree peer failing leaves our row and the dense peers
+        row["in_tree_error"] = repr(exc)[:300]
+        return row, (q, peer.k, peer.v)
+    row["in_tree_rel_diff"] = ((theirs.double() - out.double()).norm() / out.double().norm()).item()
+    row["in_tree_ms"] = bench_ms(lambda: peer.attend(q, per_qblock, block_size_q))
+    row["dequant_ms"] = bench_ms(peer.dequantize)
+    row["dequant_in_tree_ms"] = bench_ms(lambda: (peer.dequantize(), peer.attend(q, per_qblock, block_size_q)))
+    for name in ("in_tree", "dequant_in_tree"):
+        row[f"{name}_TFps"] = flop / row[f"{name}_ms"] / 1e9
+        row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["ours_ms"]
+    k_dense, v_dense = peer.k, peer.v
     return row, (q, k_dense, v_dense)
 
 
@@ -295,15 +331,17 @@ def dense_peers(q, k_dense, v_dense, fi) -> dict:
     return rec
 
 
-def run_prefill(patterns, t_list, in_tree_ok, results, out, fi=None):
-    cases = [(t, h, hkv, p) for t in t_list for h, hkv in PREFILL_HEADS for p in patterns
+def run_prefill(patterns, t_list, in_tree_ok, results, out, fi=None, topks=(fmt.TOPK,), heads_list=PREFILL_HEADS,
+                sweep=True):
+    cases = [(t, h, hkv, p, k) for t in t_list for h, hkv in heads_list for k in topks for p in patterns
              if p != "indexer" or t <= INDEXER_MAX_T]
-    for i, (t, heads, hkv, pattern) in enumerate(cases):
+    for i, (t, heads, hkv, pattern, topk) in enumerate(cases):
         if i and t != cases[i - 1][0]:
             plot(results, os.path.join(out, "kernels_h200.png"))
         gen = torch.Generator(device=DEV).manual_seed(t + heads + len(pattern))
         try:
-            row, (q, k_dense, v_dense) = prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep=t == SWEEP_T)
+            row, (q, k_dense, v_dense) = prefill_case(t, heads, hkv, pattern, gen, in_tree_ok,
+                                                      sweep=sweep and t == SWEEP_T and topk == fmt.TOPK, topk=topk)
         except Exception as exc:  # noqa: BLE001 - a failing case is recorded, the run goes on
             row = {"T": t, "H": heads, "Hkv": hkv, "pattern": pattern, "error": repr(exc)[:500]}
             log(f"[{i + 1}/{len(cases)}] prefill T={t} H={heads}/{hkv} {pattern}: FAILED {row['error']}")
@@ -319,7 +357,11 @@ def run_prefill(patterns, t_list, in_tree_ok, results, out, fi=None):
             row["speedup_vs_strongest_dense"] = row["strongest_dense_ms"] / row["ours_ms"]
         results["prefill"].append(row)
         save(results, out)
-        log(f"[{i + 1}/{len(cases)}] prefill T={t} H={heads}/{hkv} {pattern}: ours {row['ours_ms']:.3f} ms "
+        kernels_note = (f"; triton {row['triton_ms']:.3f} ms, gluon {row['gluon_ms']:.3f} ms "
+                        f"(union {row['gluon_union_mean']:.1f}/8-token tile, rel diff {row['gluon_vs_triton_rel_diff']:.1e})"
+                        if "gluon_ms" in row else "")
+        log(f"[{i + 1}/{len(cases)}] prefill T={t} H={heads}/{hkv} top{topk} {pattern} [{row.get('implementation')}]"
+            f"{kernels_note}: ours {row['ours_ms']:.3f} ms "
             f"({row['ours_TFps']:.0f} TF/s, union {row['union_mean']:.1f}/tile), in-tree {row.get('in_tree_ms', 0):.3f}, "
             f"dequant+in-tree {row.get('dequant_in_tree_ms', 0):.3f}, dense SDPA {row.get('dense_ms', 0):.3f}, "
             f"strongest dense {row.get('strongest_dense', '-')} {row.get('strongest_dense_ms', 0):.3f} ms")
@@ -454,8 +496,8 @@ def plot(results, path):
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 5))
     for ax, pattern in zip(axes[:2], ("random", "shared8")):
-        rows = sorted((r for r in results["prefill"] if r.get("pattern") == pattern and r["H"] == 64 and "ours_ms" in r),
-                      key=lambda r: r["T"])
+        rows = sorted((r for r in results["prefill"] if r.get("pattern") == pattern and r["H"] == 64 and "ours_ms" in r
+                       and r.get("topk", fmt.TOPK) == fmt.TOPK), key=lambda r: r["T"])
         ts = [r["T"] for r in rows]
         for key, label in (("ours_ms", "NVFP4 fused (ours)"), ("in_tree_ms", "in-tree sparse, bf16 KV"),
                            ("dequant_in_tree_ms", "dequant + in-tree"), ("dense_ms", "dense causal SDPA bf16"),
@@ -469,14 +511,17 @@ def plot(results, path):
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
     ax = axes[2]
-    for ctx in DECODE_CTX:
+    if not results["decode"]:
+        ax.set_axis_off()
+    for ctx in DECODE_CTX if results["decode"] else ():
         rows = [r for r in results["decode"] if r.get("ctx") == ctx and "GBps" in r]
         ax.plot([r["batch"] for r in rows], [r["GBps"] for r in rows], marker="o", label=f"ctx {ctx // 1024}K")
-    ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls="--", label="measured copy")
-    ax.axhline(0.7 * results["ceilings"]["copy_GBps"], color="gray", ls=":", label="70% of copy (target)")
-    ax.set(xscale="log", xlabel="batch", ylabel="GB/s (bytes read + written)", title="decode H=64/Hkv=4, top-16")
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
+    if results["decode"]:
+        ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls="--", label="measured copy")
+        ax.axhline(0.7 * results["ceilings"]["copy_GBps"], color="gray", ls=":", label="70% of copy (target)")
+        ax.set(xscale="log", xlabel="batch", ylabel="GB/s (bytes read + written)", title="decode H=64/Hkv=4, top-16")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"{results['meta']['gpu']}, {results['meta']['date']}: {results['meta']['command']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -502,8 +547,12 @@ def main():
     parser.add_argument("--out", default="bench/results", help="folder for kernels_h200.json / .png")
     parser.add_argument("--profile", action="store_true", help="only the launches to profile with ncu")
     parser.add_argument("--prefill-t", type=int, nargs="*", default=list(PREFILL_T))
+    parser.add_argument("--topk", type=int, nargs="*", default=[fmt.TOPK], help="prefill ids per token")
+    parser.add_argument("--heads", nargs="*", default=[f"{h}/{k}" for h, k in PREFILL_HEADS],
+                        help="prefill query/KV heads, e.g. 64/4")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the prefill config sweep")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["prefill", "decode", "write", "flashinfer", "splits"])
+                        choices=["prefill", "decode", "write", "flashinfer", "splits", "in-tree"])
     args = parser.parse_args()
     if args.profile:
         return profile()
@@ -517,7 +566,7 @@ def main():
     try:
         from sglang.kernels.ops.attention.minimax_sparse.prefill import topk_sparse  # noqa: F401
 
-        in_tree_ok = True
+        in_tree_ok = "in-tree" not in args.skip
     except ImportError as exc:
         print(f"note: SGLang peers are skipped: the in-tree kernel does not import ({exc})")
         in_tree_ok = False
@@ -545,7 +594,8 @@ def main():
     if "decode" not in args.skip:
         run_decode(results, results["ceilings"]["copy_GBps"], args.out, fi)
     if "prefill" not in args.skip:
-        run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out, fi)
+        heads = [tuple(int(x) for x in h.split("/")) for h in args.heads]
+        run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out, fi, args.topk, heads, not args.no_sweep)
     save(results, args.out)
     if results["prefill"] or results["decode"]:
         plot(results, os.path.join(args.out, "kernels_h200.png"))
@@ -565,6 +615,13 @@ def summary(results):
         print(f"{r['T']:>7} {r['H']:>3}/{r['Hkv']:<2} {r['pattern']:>8} {r['ours_ms']:8.3f} {r['ours_TFps']:6.0f} "
               f"{r['union_mean']:6.1f} {peer('in_tree')} {peer('dequant_in_tree')} {peer('dense')} "
               f"{r.get('strongest_dense', '-'):>12} {peer('strongest_dense')}")
+    both = [r for r in results["prefill"] if "gluon_ms" in r]
+    if both:
+        print("\nprefill kernels on Hopper (ms): Triton vs warp-specialized Gluon, same problem")
+        for r in both:
+            print(f"{r['T']:>7} {r['H']:>3}/{r['Hkv']:<2} top{r['topk']:<3} {r['pattern']:>8} triton {r['triton_ms']:8.3f} "
+                  f"gluon {r['gluon_ms']:8.3f} ({r['speedup_gluon_vs_triton']:.2f}x, {r['gluon_TFps']:.0f} TF/s) "
+                  f"rel diff {r['gluon_vs_triton_rel_diff']:.1e} nan {r['gluon_nan']}")
     print("\ndecode H=64/Hkv=4 (strongest dense: FlashInfer's dense decode over the whole context)")
     for r in results["decode"]:
         if "ms" in r:

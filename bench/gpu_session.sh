@@ -13,11 +13,12 @@ source bench/gpu_setup.sh || exit 1
 for stage in "$@"; do
   case "$stage" in
     tests)
-      python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernels_gpu.py tests/test_dispatch_cpu.py 2>&1 \
+      timeout -s KILL ${TESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
+        tests/test_gluon_prefill.py tests/test_kernels_gpu.py tests/test_dispatch_cpu.py 2>&1 \
         | tee "$OUT/pytest.txt" | tail -25 ;;
     bench*)
       args=${stage#bench}; args=${args#=}
-      python3 bench/bench_kernels.py --out "$OUT" $args 2>&1 | tee -a "$OUT/log.txt" ;;
+      timeout -s KILL ${BENCH_TIMEOUT:-1800} python3 bench/bench_kernels.py --out "$OUT" $args 2>&1 | tee -a "$OUT/log.txt" ;;
     topk-build)
       setsid nohup python3 -c "import time; t = time.time(); from flashinfer.jit.topk import gen_topk_module; \
 gen_topk_module().build_and_load(); print('flashinfer top-k module built in %.0f s' % (time.time() - t))" \

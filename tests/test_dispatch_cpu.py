@@ -119,3 +119,41 @@ def test_run_checks_each_layers_selection(bad, match):
     with pytest.raises(ValueError, match="contiguous"):
         kernels.plan_attention("prefill", p.block_table, p.req, torch.stack([p.pos, p.pos], 1)[:, 0],
                                num_kv_heads=2)
+
+
+@pytest.mark.parametrize("capability, importable, want", [
+    ((9, 0), True, "gluon"), ((9, 0), False, "triton"), ((8, 0), True, "triton"), ((10, 0), True, "triton"),
+])
+def test_hopper_picks_the_gluon_prefill(monkeypatch, capability, importable, want):
+    import sys
+
+    monkeypatch.delenv(kernels.FORCE_ENV, raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    if not importable:
+        monkeypatch.setitem(sys.modules, "sglang_nvfp4.kernels.gluon_prefill", None)
+        monkeypatch.delattr(kernels, "gluon_prefill", raising=False)
+    kernels._gluon_serves.cache_clear()
+    try:
+        assert kernels.resolve_implementation(torch.device("cuda", 0)) == want
+    finally:
+        kernels._gluon_serves.cache_clear()
+
+
+def test_forced_gluon_needs_hopper_and_falls_back_per_layer(monkeypatch):
+    p = make_problem(36, [300], [10], num_heads=16, num_kv_heads=1)
+    monkeypatch.setenv(kernels.FORCE_ENV, "gluon")
+    with pytest.raises(ValueError, match="sm_90"):  # a CPU plan
+        kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1)
+    monkeypatch.setattr(kernels, "_gluon_serves", lambda device: True)
+    plan = kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1)
+    assert plan.implementation == "gluon"
+    calls = []
+    plan._fallback = lambda *args: calls.append(args[2].shape[2])  # stands for Triton: record the width
+    plan.run(p.q, p.cache, random_block_ids(p, seed=0, width=64), 1.0, 1.0, 0.1)  # wider than Gluon serves
+    assert calls == [64]
+    decode = kernels.plan_attention("decode", p.block_table, p.req, p.pos, num_kv_heads=1)
+    from sglang_nvfp4.kernels import triton_decode
+
+    assert decode._launch is triton_decode.launch  # Gluon serves prefill only

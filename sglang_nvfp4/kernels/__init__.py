@@ -17,11 +17,14 @@ Which implementation serves a plan (:func:`resolve_implementation`):
 
 * CPU: the torch reference (exact, slow).
 * CUDA and ROCm: the Triton kernels (``triton_prefill``, ``triton_decode``, ``triton_write``).
+* NVIDIA Hopper (sm_90): the warp-specialized Gluon prefill (``gluon_prefill``) when Triton's Gluon
+  imports, for the layers whose shape it serves (``gluon_prefill.supports``: 8-64 query heads per KV
+  head, at most 32 ids per token); other layers, decode and cache writes stay on Triton.
 * ROCm gfx950: FlyDSL for prefill when ``sglang_nvfp4.kernels.flydsl`` imports and reports itself
   available, for the layers whose shape it serves (``flydsl.supports``: 16 query heads per KV head,
   at most 16 ids per token); other layers, decode and cache writes stay on Triton.
 
-``NVFP4_SPARSE_KERNEL=reference|triton|flydsl`` forces an implementation on any device; it is read
+``NVFP4_SPARSE_KERNEL=reference|triton|gluon|flydsl`` forces an implementation on any device; it is read
 when a plan or a cache writer is made (the SGLang backend plans every forward, and once per captured
 batch size for decode CUDA graphs; the pool makes its writer at start-up) and by each one-call
 function. ``triton`` on CPU tensors runs the kernels in Triton's interpreter, which needs
@@ -66,7 +69,10 @@ __all__ = [
 ]
 
 FORCE_ENV = "NVFP4_SPARSE_KERNEL"
-IMPLEMENTATIONS = ("reference", "triton", "flydsl")
+IMPLEMENTATIONS = ("reference", "triton", "gluon", "flydsl")
+# Prefill implementations that serve only some layer shapes (``module.supports(heads, kv_heads, width)``);
+# Triton serves the others.
+_PARTIAL_PREFILL = ("gluon", "flydsl")
 KINDS = ("prefill", "decode")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -92,9 +98,22 @@ def _flydsl_serves(device: torch.device) -> bool:
     return bool(flydsl.is_available(device))
 
 
+@functools.lru_cache(maxsize=None)
+def _gluon_serves(device: torch.device) -> bool:
+    """True on an NVIDIA sm_90 device when the Gluon prefill imports (Triton with Gluon's Hopper API)."""
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available() \
+            or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    try:
+        from . import gluon_prefill  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def resolve_implementation(device: torch.device | str) -> str:
-    """Which implementation serves attention on ``device``: ``"reference"``, ``"triton"`` or
-    ``"flydsl"`` (``NVFP4_SPARSE_KERNEL`` overrides)."""
+    """Which implementation serves attention on ``device``: ``"reference"``, ``"triton"``, ``"gluon"``
+    or ``"flydsl"`` (``NVFP4_SPARSE_KERNEL`` overrides)."""
     forced = forced_implementation()
     if forced:
         return forced
@@ -102,7 +121,9 @@ def resolve_implementation(device: torch.device | str) -> str:
     if device.type == "cpu":
         return "reference"
     if device.type == "cuda" and torch.version.hip is None:
-        return "triton"
+        if device.index is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        return "gluon" if _gluon_serves(device) else "triton"
     if device.type == "cuda":  # a ROCm device
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -126,25 +147,34 @@ class AttentionPlan:
         self.block_table, self.req, self.pos = block_table, req, pos
         self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
         self._launch = self._launcher(implementation)
-        # FlyDSL serves the prefill layers whose shape it supports; the others fall back to Triton.
-        self._flydsl_supports = None
-        if implementation == "flydsl" and kind == "prefill":
-            from . import flydsl
+        # Gluon and FlyDSL serve the prefill layers whose shape they support; the others fall back to Triton.
+        self._supports = None
+        if implementation == "gluon" and not _gluon_serves(block_table.device):
+            raise ValueError(f"{FORCE_ENV}=gluon: the Gluon prefill needs an NVIDIA sm_90 GPU and a Triton with "
+                             f"Gluon's Hopper API; the plan is for {block_table.device}")
+        if implementation in _PARTIAL_PREFILL and kind == "prefill":
+            self._supports, self._fallback = self._module(implementation).supports, self._launcher("triton")
 
-            self._flydsl_supports, self._fallback = flydsl.supports, self._launcher("triton")
+    @staticmethod
+    def _module(implementation: str):
+        if implementation == "gluon":
+            from . import gluon_prefill
+
+            return gluon_prefill
+        from . import flydsl
+
+        return flydsl
 
     def _launcher(self, implementation: str):
         if implementation == "reference":
             return _reference_launch
-        if implementation == "flydsl" and self.kind == "prefill":
-            from . import flydsl
-
-            return flydsl.launch
+        if implementation in _PARTIAL_PREFILL and self.kind == "prefill":
+            return self._module(implementation).launch
         if self.kind == "prefill":
             from . import triton_prefill
 
             return triton_prefill.launch
-        from . import triton_decode  # FlyDSL has no decode kernel: Triton serves it on every GPU
+        from . import triton_decode  # Gluon and FlyDSL have no decode kernel: Triton serves it on every GPU
 
         return triton_decode.launch
 
@@ -166,7 +196,7 @@ class AttentionPlan:
             raise ValueError(f"out: expected {q.dtype} {tuple(q.shape)} on {q.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         launch = self._launch
-        if self._flydsl_supports is not None and not self._flydsl_supports(h, hkv, width):
+        if self._supports is not None and not self._supports(h, hkv, width):
             launch = self._fallback
         if launch is _reference_launch:
             return launch(q, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, sm_scale, out)

@@ -58,17 +58,21 @@ LOG2E = tl.constexpr(reference.LOG2E)
 # there. Read when this module is imported, as triton.jit decides between interpreting and compiling.
 INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
-# One word in ($8), its 8 codes out in order as fp16 ($0..$7): planes of E4M3 bytes for the even
-# codes (e) and the odd codes (o), byte-interleaved back into code order, converted two at a time.
-_E2M1_WORD_PTX = tl.constexpr("""{
-.reg .b32 e, o, t, a, b, p0, p1, p2, p3;
-.reg .b16 h0, h1;
+# The 8 codes of one word ($8) -> f16x2 registers p0..p3 (codes 0-1, 2-3, 4-5, 6-7), each value e2m1 * 2**-6:
+# planes of E4M3 bytes for the even codes (e) and the odd codes (o), byte-interleaved back into code order,
+# converted two at a time. Scratch registers e, o, t, a, b (b32) and h0, h1 (b16), declared by the caller.
+# Shared with the Gluon prefill's decoders (gluon_prefill.py).
+E2M1_WORD_TO_F16X2_PTX = """
 shl.b32 t, $8, 2; and.b32 e, t, 0x1C1C1C1C; shl.b32 t, $8, 4; lop3.b32 e, e, t, 0x80808080, 0xF8;
 shr.b32 t, $8, 2; and.b32 o, t, 0x1C1C1C1C; lop3.b32 o, o, $8, 0x80808080, 0xF8;
 prmt.b32 a, e, o, 0x5140; prmt.b32 b, e, o, 0x7362;
 mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 p0, h0; cvt.rn.f16x2.e4m3x2 p1, h1;
 mov.b32 {h0, h1}, b; cvt.rn.f16x2.e4m3x2 p2, h0; cvt.rn.f16x2.e4m3x2 p3, h1;
-mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
+"""
+# One word in ($8), its 8 codes out in order as fp16 ($0..$7).
+_E2M1_WORD_PTX = tl.constexpr("""{
+.reg .b32 e, o, t, a, b, p0, p1, p2, p3;
+.reg .b16 h0, h1;""" + E2M1_WORD_TO_F16X2_PTX + """mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
 }""")
 
 

@@ -1,0 +1,325 @@
+"""Warp-specialized sparse prefill for Hopper (sm_90), in Gluon; same contract and plan as
+:mod:`.triton_prefill` (contract: :mod:`sglang_nvfp4.reference`), entry point :func:`launch`.
+
+Why a second prefill kernel. The Triton kernel decodes each page it visits in the warps that then run
+the tensor-core products and the softmax, so decoding (CUDA cores) and wgmma (tensor cores) take turns
+and the kernel is bound by issued instructions (``bench/results/kernels_h200.md``). Plain Triton 3.6
+cannot split those roles between warps; Gluon (``triton.experimental.gluon``) can. One program (CTA)
+serves a tile of ``2 * TOKENS`` consecutive tokens x the query heads of one KV head, in three
+partitions of one warpgroup each:
+
+* **producer** (worker, few registers): for each entry of the tile's union (built by
+  :func:`.triton_prefill.plan_tiles`: pages in ``(block, page)`` order with a member bitmask) it reads
+  the page's K and V^T bytes, decodes them to fp16 (``e2m1 * e4m3`` in inline PTX, scales applied on
+  packed halves) into a ring of ``STAGES`` shared-memory slots, and signals ``k_ready`` / ``v_ready``;
+* **two consumers** (the default partition and one worker): each owns ``TOKENS`` tokens (64 rows of
+  ``GROUP_POW2`` heads) and, for every union entry that one of its tokens selected, runs
+  ``S = Q.K^T`` on wgmma, the exp2 online softmax, and ``O += P.V`` on wgmma; entries none of its tokens
+  selected are exact no-ops (``alpha = 1``, ``p = 0``), so it skips their products. Both consumers arrive
+  on the slot's ``empty`` barrier when done with it.
+
+A page decoded once serves both consumers, while each runs products only for its own tokens, and the
+warp scheduler overlaps one consumer's softmax with the other's wgmma and with the producer's decoding.
+
+Numerics are those of the Triton kernel: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores
+and sums, exp2 softmax, ``P`` rounded to fp16 before ``P.V``. Batch invariance holds for the same reason:
+a row's own pages are visited in ascending block order whoever shares its tile, and pages it did not
+select change nothing. Keys no member token can see have their V scales zeroed by the producer (their
+bytes may be E4M3 NaN codes) and their scores masked to ``-inf`` by the consumers.
+
+Scope (:func:`supports`): NVIDIA sm_90, 8 to 64 query heads per KV head (``GROUP_POW2 * TOKENS = 64``
+rows per consumer), unions planned over at most 256 slots (16 heads per KV head: up to 32 ids per token);
+the dispatcher sends other shapes to the Triton kernel. It runs only compiled (Gluon has no interpreter); ``tests/test_gluon_prefill.py`` compiles
+it for sm_90 on any host and checks it against the reference on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+
+from .. import format as fmt
+from . import triton_prefill
+from .triton_common import (  # layout constants (Gluon constexprs too), the decoder, softmax and scale helpers
+    BLOCK_WORDS,
+    CODE_WORDS,
+    E2M1_WORD_TO_F16X2_PTX,
+    HEAD_DIM,
+    LOG2E,
+    PAGE,
+    ROW_WORDS,
+    SCALE_GROUP,
+    SCALE_OFFSET,
+    TILE_SCALE,
+    V_SCALE_ROWS_PER_GROUP,
+    global_scale,
+    online_softmax_step,
+)
+
+ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
+STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the consumers
+MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the planner's limit here
+# Registers per thread: 12 warps x MAX_REGS fit one CTA per SM; the default partition (the first consumer)
+# gets what the workers leave, here CONSUMER_REGS too.
+MAX_REGS = 168
+PRODUCER_REGS = gl.constexpr(120)
+CONSUMER_REGS = gl.constexpr(192)
+
+SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's scale bytes as 2 little-endian words from here
+
+# One code word ($8) and its scale operands ($9; V^T also $10) in, 8 fp16 values (e2m1 * e4m3 * 2**-6) out in code
+# order ($0..$7): the Triton kernels' decoder (E2M1 codes rewritten as E4M3 bytes, cvt.rn.f16x2.e4m3x2), then
+# the scales multiplied on packed halves. Products of these values and E4M3 scales are exact in fp16.
+_CODES_TO_E4M3 = """
+.reg .b32 e, o, t, a, b, p0, p1, p2, p3, s0, s1, s2, s3;
+.reg .b16 h0, h1;""" + E2M1_WORD_TO_F16X2_PTX
+_SCALED_OUT = """
+mul.rn.f16x2 p0, p0, s0; mul.rn.f16x2 p1, p1, s1; mul.rn.f16x2 p2, p2, s2; mul.rn.f16x2 p3, p3, s3;
+mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
+"""
+# K: the 8 codes of a word share one scale, the low byte of $9, broadcast to both halves.
+_K_WORD_PTX = gl.constexpr("{" + _CODES_TO_E4M3 + """
+prmt.b32 a, $9, 0, 0x0000;
+mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 s0, h0; mov.b32 s1, s0; mov.b32 s2, s0; mov.b32 s3, s0;
+""" + _SCALED_OUT + "}")
+# V^T: code i of a word is token i of an octet, with its own scale: bytes 0..3 of $9 and of $10.
+_V_WORD_PTX = gl.constexpr("{" + _CODES_TO_E4M3 + """
+mov.b32 {h0, h1}, $9; cvt.rn.f16x2.e4m3x2 s0, h0; cvt.rn.f16x2.e4m3x2 s1, h1;
+mov.b32 {h0, h1}, $10; cvt.rn.f16x2.e4m3x2 s2, h0; cvt.rn.f16x2.e4m3x2 s3, h1;
+""" + _SCALED_OUT + "}")
+
+
+def supports(heads: int, kv_heads: int, width: int) -> bool:
+    """Whether this kernel serves a layer (on an sm_90 device, which the dispatcher checks): 8..64 query
+    heads per KV head, and a tile's union planned over at most ``MAX_PLAN_WIDTH`` slots (16 query heads
+    per KV head: up to 32 ids per token)."""
+    group = heads // kv_heads
+    return 8 <= group <= 64 and 2 * tokens_per_consumer(group) * triton.next_power_of_2(width) <= MAX_PLAN_WIDTH
+
+
+def tokens_per_consumer(group: int) -> int:
+    """Tokens per consumer (64 rows) for ``group`` query heads per KV head; a tile has twice as many."""
+    return ROWS.value // triton.next_power_of_2(group)
+
+
+@gluon.jit
+def _decode_tile(words, scales):
+    """uint32 code words ``[R, 16]`` and their scale operands (a tuple of uint32 tensors of that shape: K, one
+    scale byte per word; V^T, the 8 token scales of each word as two words) -> fp16 ``[R, 128]`` in code
+    order, each value ``e2m1 * e4m3 / TILE_SCALE``."""
+    if len(scales) == 1:
+        c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
+            _K_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scales[0]],
+            dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
+            _V_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, scales[0], scales[1]],
+            dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    # [R, 16, 2, 2, 2] with code 4a + 2b + c of each word at [a, b, c]
+    codes = gl.join(gl.join(gl.join(c0, c4), gl.join(c2, c6)), gl.join(gl.join(c1, c5), gl.join(c3, c7)))
+    return gl.reshape(codes, (words.shape[0], 8 * words.shape[1]))
+
+
+@gluon.jit
+def _load_k(cache_ptr, k_block, layout: gl.constexpr):
+    """K of one page and KV head: code words ``[128, 16]`` and, per word, its scale byte (as uint32)."""
+    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, layout))[:, None]
+    word = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, layout))[None, :]
+    codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + row * ROW_WORDS + word)
+    # Word w holds dims 8w..8w+7: scale group w // 2, byte SCALE_OFFSET + w // 2 of the row.
+    scale_bytes = cache_ptr + 4 * k_block + row * (4 * ROW_WORDS) + SCALE_OFFSET + word // 2
+    return codes, (gl.load(scale_bytes).to(gl.uint32),)
+
+
+@gluon.jit
+def _load_vt(cache_ptr, v_block, live_keys, layout: gl.constexpr):
+    """V^T of one page and KV head: code words ``[128 dims, 16 token octets]`` and, per word, its 8 token
+    scales as two words, with the scales of tokens at or past ``live_keys`` zeroed."""
+    octet_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, layout))[:, None]
+    octet = gl.arange(0, CODE_WORDS, layout=octet_layout)
+    words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32)) + v_block
+    codes = gl.load(words_ptr + dim * ROW_WORDS + octet[None, :])
+    # The scales of tokens 8w..8w+7 in group g sit in bytes 64..71 of row V_SCALE_ROWS_PER_GROUP * g + w.
+    scale_row = words_ptr + ((dim // SCALE_GROUP) * V_SCALE_ROWS_PER_GROUP + octet[None, :]) * ROW_WORDS + SCALE_WORD
+    lo, hi = gl.load(scale_row), gl.load(scale_row + 1)
+    lo_mask = gl.zeros(octet.shape, gl.uint32, octet_layout)  # byte j kept when token 8w + j is live
+    hi_mask = gl.zeros(octet.shape, gl.uint32, octet_layout)
+    byte = gl.full(octet.shape, 0xFF, gl.uint32, octet_layout)
+    for j in gl.static_range(4):
+        lo_mask = lo_mask | gl.where(octet * 8 + j < live_keys, byte << (8 * j), 0)
+        hi_mask = hi_mask | gl.where(octet * 8 + 4 + j < live_keys, byte << (8 * j), 0)
+    return codes, (lo & lo_mask[None, :], hi & hi_mask[None, :])
+
+
+@gluon.jit
+def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH: gl.constexpr):
+    """Decodes the K and V^T tiles of every union page into the ring (one warpgroup)."""
+    cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr = ptrs
+    k_bufs, v_bufs, k_ready, v_ready, empty = bufs
+    T, num_tiles = sizes
+    tile = num_tiles - 1 - gl.program_id(0)
+    kv_head = gl.program_id(1)
+    # 16-byte loads along a row; 128 threads cover 32 rows of 16 words per repetition.
+    words_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
+    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    tile_token = gl.arange(0, TILE_T, layout=token_layout)
+    token = tile * TILE_T + tile_token
+    tile_pos = gl.load(pos_ptr + token, mask=token < T, other=-1)
+    plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
+    union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
+    for u in range(union_len):
+        stage = u % STAGES
+        phase = (u // STAGES) & 1
+        page = gl.load(plan_page_ptr + plan + u).to(gl.int64)
+        block = gl.load(plan_block_ptr + plan + u)
+        members = gl.load(plan_members_ptr + plan + u)
+        page_base = page * (2 * HKV * BLOCK_WORDS)  # in 4-byte words
+        k_codes, k_scales = _load_k(cache_ptr, page_base + kv_head * BLOCK_WORDS, words_layout)
+        # Keys past the last position of any member token get no weight: zero their V scales.
+        member = ((members >> tile_token) & 1) != 0
+        live_keys = gl.max(gl.where(member, tile_pos, -1), axis=0) - block * PAGE + 1
+        v_codes, v_scales = _load_vt(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, live_keys, words_layout)
+        mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
+        k_bufs.index(stage).store(_decode_tile(k_codes, k_scales))
+        fence_async_shared()  # order the generic-proxy stores before the consumers' wgmma reads
+        mbarrier.arrive(k_ready.index(stage), count=1)
+        v_bufs.index(stage).store(_decode_tile(v_codes, v_scales))
+        fence_async_shared()
+        mbarrier.arrive(v_ready.index(stage), count=1)
+
+
+@gluon.jit
+def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr,
+              WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr):
+    """Consumer ``half`` (0 or 1): tokens ``half * TOKENS ..`` of the tile, 64 rows, one warpgroup."""
+    q_ptr, out_ptr, pos_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr = ptrs
+    q_smem, k_bufs, v_bufs, k_ready, v_ready, empty = bufs
+    k_scale, v_scale, sm_scale, T, num_tiles, stride_qt, stride_qh, stride_ot, stride_oh = scalars
+    tile = num_tiles - 1 - gl.program_id(0)
+    kv_head = gl.program_id(1)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
+    keys_layout: gl.constexpr = gl.SliceLayout(0, mma)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+    # Q of this consumer's tokens, fp16, into shared memory (wgmma's A operand).
+    q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+    q_token = tile * (2 * TOKENS) + half * TOKENS + q_rows // GROUP_POW2
+    q_live = (q_token < T) & (q_rows % GROUP_POW2 < GROUP)
+    q_head = kv_head * GROUP + q_rows % GROUP_POW2
+    q_dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    q_ptrs = q_ptr + q_token.to(gl.int64)[:, None] * stride_qt + q_head[:, None] * stride_qh + q_dims[None, :]
+    q_smem.store(gl.load(q_ptrs, mask=q_live[:, None], other=0.0).to(gl.float16))
+    fence_async_shared()
+
+    rows = gl.arange(0, ROWS, layout=rows_layout)
+    row_token = half * TOKENS + rows // GROUP_POW2  # token of the tile
+    token = tile * (2 * TOKENS) + row_token
+    live = (token < T) & (rows % GROUP_POW2 < GROUP)
+    pos = gl.load(pos_ptr + token, mask=live, other=-1)
+    logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
+    keys = gl.arange(0, PAGE, layout=keys_layout)
+
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
+    l_i = gl.zeros([ROWS], gl.float32, rows_layout)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, mma)
+    s_init = gl.zeros([ROWS, PAGE], gl.float32, mma)
+    plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
+    union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
+    for u in range(union_len):
+        stage = u % STAGES
+        phase = (u // STAGES) & 1
+        block = gl.load(plan_block_ptr + plan + u)
+        mine = (gl.load(plan_members_ptr + plan + u) >> (half * TOKENS)) & ((1 << TOKENS) - 1)
+        mbarrier.wait(k_ready.index(stage), phase)
+        if mine != 0:
+            s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_init, use_acc=False)
+            row_selected = ((mine >> (rows // GROUP_POW2)) & 1) != 0
+            visible = row_selected[:, None] & ((block * PAGE + keys)[None, :] <= pos[:, None])
+            p, alpha, m_i, l_i = online_softmax_step(s, visible, logit_scale, m_i, l_i,
+                                                     KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
+            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+            mbarrier.wait(v_ready.index(stage), phase)
+            acc = warpgroup_mma(p16, v_bufs.index(stage).permute((1, 0)), acc * alpha[:, None])
+        else:
+            mbarrier.wait(v_ready.index(stage), phase)
+        mbarrier.arrive(empty.index(stage), count=1)
+
+    out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
+    norm = gl.where(l_i > 0, out_scale / gl.where(l_i > 0, l_i, 1.0), 0.0)
+    out_rows = out_ptr + token.to(gl.int64) * stride_ot + (kv_head * GROUP + rows % GROUP_POW2) * stride_oh
+    dims = gl.arange(0, HEAD_DIM, layout=keys_layout)
+    out = (acc * norm[:, None]).to(out_ptr.dtype.element_ty)
+    gl.store(out_rows[:, None] + dims[None, :], out, mask=live[:, None])
+
+
+@gluon.jit
+def _consumer_worker(ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr,
+                     WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr):
+    """The second consumer, as a worker partition (the first is the default partition)."""
+    _consumer(1, ptrs, bufs, scalars, GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)
+
+
+@gluon.jit
+def _ws_prefill_kernel(
+    q_ptr, out_ptr, cache_ptr, pos_ptr,  # [T, H, 128], [T, H, 128], uint8 cache, int32 [T]
+    plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,
+    k_scale, v_scale, sm_scale,
+    T, stride_qt, stride_qh, stride_ot, stride_oh,
+    HKV: gl.constexpr, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr, WIDTH: gl.constexpr,
+    K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
+):
+    num_tiles = gl.num_programs(0)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float16)
+    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float16)
+    k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, PAGE, HEAD_DIM], tile_layout)
+    v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, HEAD_DIM, PAGE], tile_layout)
+    q0_smem = gl.allocate_shared_memory(gl.float16, [ROWS, HEAD_DIM], q_smem_layout)
+    q1_smem = gl.allocate_shared_memory(gl.float16, [ROWS, HEAD_DIM], q_smem_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
+
+    rings = (k_bufs, v_bufs, k_ready, v_ready, empty)
+    consumer_ptrs = (q_ptr, out_ptr, pos_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr)
+    scalars = (k_scale, v_scale, sm_scale, T, num_tiles, stride_qt, stride_qh, stride_ot, stride_oh)
+    gl.warp_specialize([
+        (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
+                     GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+        (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
+                            GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+        (_producer, ((cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr),
+                     rings, (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
+    """Sparse prefill on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_prefill`); arguments as
+    validated by the dispatcher and as in :func:`.triton_prefill.launch`, the layer within
+    :func:`supports`. Returns ``out``."""
+    t, h, _ = q.shape
+    hkv = cache.shape[1] // 2
+    group = h // hkv
+    if t == 0:
+        return out
+    tokens = tokens_per_consumer(group)
+    req, pos = req.contiguous(), pos.contiguous()
+    union_len, plan = triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens)
+    _ws_prefill_kernel[(union_len.shape[1], hkv)](
+        q, out, cache, pos, union_len, plan[0], plan[1], plan[2],
+        k_scale, v_scale, float(sm_scale),
+        t, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        HKV=hkv, GROUP=group, GROUP_POW2=triton.next_power_of_2(group), TOKENS=tokens, WIDTH=plan.shape[3],
+        K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
+        num_warps=4, maxnreg=MAX_REGS,
+    )
+    return out

@@ -1,0 +1,139 @@
+"""The warp-specialized Gluon prefill (``sglang_nvfp4.kernels.gluon_prefill``).
+
+Gluon has no interpreter, so its CPU twin is a compile check: on any host the kernel is compiled for sm_90
+with the installed Triton (CI: 3.8; the GPU host: 3.6) and its PTX must hold what the design relies on
+(wgmma from shared memory, register reallocation between the partitions, mbarrier hand-offs). On a Hopper
+GPU (marked ``gpu``) it is checked against the reference at realistic shapes, with NaN-poisoned outputs,
+garbage (often E4M3 NaN) bytes in every unwritten cache row, tiles that span requests, chunks that start
+mid-page, -1 ids, repeated ids and blocks past a token's position; and for batch invariance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from sglang_nvfp4 import format as fmt
+
+from sglang_nvfp4.kernels import gluon_prefill
+
+ON_HOPPER = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (sm_90) GPU")
+DEV = "cuda"
+
+
+def _signature(by_pointer: bool) -> dict:
+    ptr_scale = "*fp32" if by_pointer else "fp32"
+    sig = {name: "*i32" for name in ("plan_len_ptr", "plan_page_ptr", "plan_block_ptr", "plan_members_ptr")}
+    sig = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8", "pos_ptr": "*i32", **sig,
+           "k_scale": ptr_scale, "v_scale": ptr_scale, "sm_scale": "fp32"}
+    sig.update({name: "i32" for name in ("T", "stride_qt", "stride_qh", "stride_ot", "stride_oh")})
+    sig.update({name: "constexpr" for name in ("HKV", "GROUP", "GROUP_POW2", "TOKENS", "WIDTH", "K_SCALE_BY_POINTER",
+                                               "V_SCALE_BY_POINTER")})
+    return sig
+
+
+@pytest.mark.parametrize("group, width, by_pointer", [(16, 32, False), (8, 16, True)])
+def test_compiles_for_hopper(group, width, by_pointer):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    tokens = gluon_prefill.tokens_per_consumer(group)
+    constexprs = {"HKV": 4, "GROUP": group, "GROUP_POW2": triton.next_power_of_2(group), "TOKENS": tokens,
+                  "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
+                  "V_SCALE_BY_POINTER": by_pointer}
+    src = GluonASTSource(gluon_prefill._ws_prefill_kernel, _signature(by_pointer), constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "maxnreg": gluon_prefill.MAX_REGS})
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.num_warps == 12  # two consumer warpgroups and the producer
+    assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx
+    assert ptx.count("cvt.rn.f16x2.e4m3x2") >= 8  # the inline PTX decoders of K and V^T
+
+
+@pytest.mark.parametrize("heads, kv_heads, width, want", [
+    (64, 4, 16, True), (64, 4, 32, True), (64, 4, 64, False), (16, 1, 32, True), (32, 4, 16, True),
+    (32, 4, 32, False), (4, 1, 16, False), (128, 1, 16, False),
+])
+def test_supported_shapes(heads, kv_heads, width, want):
+    assert gluon_prefill.supports(heads, kv_heads, width) is want
+
+
+def _problem(seed, lens, extends, heads, kv_heads, width):
+    from test_kernels_gpu import filled_cache, random_selection
+
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    cache, block_table = filled_cache(lens, kv_heads, gen)
+    pos = torch.cat([torch.arange(n - e, n) for n, e in zip(lens, extends)]).int().to(DEV)
+    req = torch.cat([torch.full((e,), r) for r, e in enumerate(extends)]).int().to(DEV)
+    last_block = torch.tensor([(n - 1) // fmt.PAGE_SIZE for n in lens], device=DEV)[req.long()]
+    block_ids = random_selection(pos, last_block, kv_heads, width, gen)
+    q = (torch.randn(pos.shape[0], heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    return q, cache, block_ids, block_table, req, pos, gen
+
+
+def _rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("lens, extends, heads, kv_heads, width", [
+    ([4396, 700], [4096, 700], 64, 4, 16),   # a chunk starting mid-page, then a whole request
+    ([33068, 700], [32768, 700], 64, 4, 32),  # the default budget at 32K
+    ([8492, 1000, 333], [8192, 999, 333], 16, 1, 32),  # 16/1; tiles across three requests
+    ([5000, 3000], [1000, 777], 32, 4, 16),  # 8 query heads per KV head: 16-token tiles
+    ([3000], [2999], 40, 4, 16),  # 10 heads per KV head: padded rows
+])
+@pytest.mark.parametrize("scales_on_device", [False, True])
+def test_matches_the_reference(lens, extends, heads, kv_heads, width, scales_on_device):
+    from sglang_nvfp4.reference import sparse_prefill_reference
+
+    q, cache, block_ids, block_table, req, pos, gen = _problem(sum(lens) + heads, lens, extends, heads, kv_heads, width)
+    assert gluon_prefill.supports(heads, kv_heads, width)
+    k_scale, v_scale = 0.5, 2.0
+    if scales_on_device:
+        k_scale, v_scale = torch.tensor([k_scale], device=DEV), torch.tensor([v_scale], device=DEV)
+    out = torch.full_like(q, float("nan"))
+    gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5, out)
+    assert not out.isnan().any()
+    sample = torch.randperm(q.shape[0], device=DEV, generator=gen)[:512]
+    want = sparse_prefill_reference(q[sample], cache, block_ids[:, sample].contiguous(), block_table, req[sample],
+                                    pos[sample], k_scale, v_scale, fmt.HEAD_DIM**-0.5)
+    assert _rel_err(out[sample], want) < 6e-3  # bf16 output rounding dominates, as for the Triton kernel
+
+
+@pytest.mark.gpu
+@hopper_only
+def test_dispatcher_serves_hopper_prefill_with_gluon():
+    from sglang_nvfp4 import kernels
+
+    q, cache, block_ids, block_table, req, pos, _ = _problem(3, [2000], [2000], 64, 4, 16)
+    plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=4)
+    assert plan.implementation == "gluon"
+    via_plan = plan.run(q, cache, block_ids, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    direct = gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5,
+                                  torch.full_like(q, float("nan")))
+    assert torch.equal(via_plan, direct)
+
+
+@pytest.mark.gpu
+@hopper_only
+def test_batch_invariant():
+    """Three extends whose tiles span requests, selections in random slot order: each request alone gets
+    the bits it gets in the batch."""
+    q, cache, block_ids, block_table, req, pos, gen = _problem(5, [5000, 3000, 1500], [1000, 777, 333], 64, 4, 16)
+    block_ids = torch.gather(block_ids, 2, torch.rand(block_ids.shape, device=DEV, generator=gen).argsort(dim=2))
+
+    def attend(q, block_ids, req, pos):
+        out = torch.full_like(q, float("nan"))
+        return gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out)
+
+    whole = attend(q, block_ids, req, pos)
+    for tokens in [torch.nonzero(req == r)[:, 0] for r in range(3)] + [torch.arange(1003, 1500, device=DEV)]:
+        alone = attend(q[tokens].contiguous(), block_ids[:, tokens].contiguous(), req[tokens].contiguous(),
+                       pos[tokens].contiguous())
+        assert torch.equal(alone, whole[tokens])
+
