@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 27  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 30  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -79,6 +79,27 @@ if INTERPRETED:
         assert torch.all(out[3] == 0)
         tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
         assert rel_err(out, want) < tolerance
+
+    @pytest.mark.parametrize("tokens_per_tile, width", [(4, 16), (8, 32), (16, 5)])
+    def test_plan_lists_each_tiles_union_in_block_page_order(tokens_per_tile, width):
+        """The union planner against a Python model: per tile and KV head, every distinct (block, page) a
+        tile token selected (ids >= 0 starting at or before its position), in (block, page) order, with the
+        bitmask of the tokens that selected it. Tiles span requests that share a page."""
+        p = share_first_page(make_problem(41, [1000, 700, 300], [40, 30, 50], num_kv_heads=2))
+        block_ids = random_block_ids(p, seed=3, width=width)
+        union_len, plan = triton_prefill.plan_tiles(block_ids, p.block_table, p.req, p.pos, tokens_per_tile)
+        for h in range(p.hkv):
+            for tile in range(union_len.shape[1]):
+                want = {}
+                for b, t in enumerate(range(tile * tokens_per_tile, min((tile + 1) * tokens_per_tile, len(p.pos)))):
+                    for block in block_ids[h, t].tolist():
+                        if 0 <= block and block * fmt.PAGE_SIZE <= p.pos[t]:
+                            key = (block, int(p.block_table[p.req[t], block]))
+                            want[key] = want.get(key, 0) | 1 << b
+                n = int(union_len[h, tile])
+                got = list(zip(plan[1, h, tile, :n].tolist(), plan[0, h, tile, :n].tolist()))
+                assert got == sorted(want), (h, tile)
+                assert plan[2, h, tile, :n].tolist() == [want[k] for k in sorted(want)], (h, tile)
 
     @pytest.mark.parametrize("heads, kv_heads, splits", [(16, 2, 1), (16, 1, 4), (16, 2, 16), (8, 1, 2)])
     def test_decode_matches_reference(heads, kv_heads, splits):
