@@ -63,7 +63,7 @@ def selector(indexer: str, topk: int | None, cache, slots):
     return lambda q, bt, req, pos: select_blocks(q, summaries, bt, req, pos, topk=topk, method=indexer)
 
 
-def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator) -> list[dict]:
+def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SETTINGS) -> list[dict]:
     cache, block_table, slots = one_request(t, hkv, gen)
     pos = torch.arange(t, device=DEV, dtype=torch.int32)
     req = torch.zeros_like(pos)
@@ -71,7 +71,7 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator) -> list[dic
     out = torch.empty_like(q)
     tile = triton_prefill.default_prefill_config(heads // hkv).tokens_per_tile
     rows = []
-    for indexer, topk in SETTINGS:
+    for indexer, topk in settings:
         select = selector(indexer, topk, cache, slots)
         block_ids = select(q, block_table, req, pos)  # untimed first call: compile
         args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
@@ -96,7 +96,7 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator) -> list[dic
     return rows
 
 
-def decode_rows(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
+def decode_rows(batch: int, ctx: int, gen: torch.Generator, settings=SETTINGS) -> list[dict]:
     heads, hkv = DECODE_HEADS
     blocks = ctx // fmt.PAGE_SIZE
     cache = fmt.alloc_cache(batch * blocks, hkv, device=DEV)
@@ -113,7 +113,7 @@ def decode_rows(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
     scales = torch.tensor([1.0], device=DEV), torch.tensor([1.0], device=DEV)
     out = torch.empty_like(q)
     rows = []
-    for indexer, topk in SETTINGS:
+    for indexer, topk in settings:
         select = selector(indexer, topk, cache, all_slots)
         block_ids = select(q, block_table, req, pos)
         args = (q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5)
@@ -136,12 +136,15 @@ def main(argv=None) -> None:
     ap.add_argument("--prefill-t", type=int, nargs="*", default=[32768])
     ap.add_argument("--decode-batch", type=int, nargs="*", default=[32, 256])
     ap.add_argument("--decode-ctx", type=int, default=32768)
+    ap.add_argument("--settings", nargs="*", default=[f"{i}:{k}" for i, k in SETTINGS],
+                    help="INDEXER:TOPK rows to time (every_block:None is a dense layer); default: all")
     args = ap.parse_args(argv)
+    settings = [(name, None if k == "None" else int(k)) for name, k in (s.split(":") for s in args.settings)]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "selection_h200.json")
     results = {"meta": {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                         "command": " ".join(["bench/bench_selection.py", *(argv or sys.argv[1:])]),
-                        "torch": torch.__version__},
+                        "torch": torch.__version__, "implementation": kernels.resolve_implementation(DEV)},
                "prefill": [], "decode": []}
     gen = torch.Generator(device=DEV).manual_seed(0)
 
@@ -151,11 +154,11 @@ def main(argv=None) -> None:
 
     for t in args.prefill_t:
         for heads, hkv in PREFILL_HEADS:
-            results["prefill"].extend(prefill_rows(t, heads, hkv, gen))
+            results["prefill"].extend(prefill_rows(t, heads, hkv, gen, settings))
             save()
             torch.cuda.empty_cache()
     for batch in args.decode_batch:
-        results["decode"].extend(decode_rows(batch, args.decode_ctx, gen))
+        results["decode"].extend(decode_rows(batch, args.decode_ctx, gen, settings))
         save()
         torch.cuda.empty_cache()
     log(f"wrote {path}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,24 @@ import urllib.request
 from . import cpu_compat
 
 
+# Server ports come from below Linux's ephemeral range (32768-60999 by default). A port the kernel hands out
+# for bind(("", 0)) is handed out again to the next such bind: with --tp-size 2 on the CPU, the server's own
+# gloo sockets took the HTTP port before the server bound it ("address already in use", seen once in `make test`).
+_SERVER_PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range (see ``_SERVER_PORTS``)."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.choice(_SERVER_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {_SERVER_PORTS.start}-{_SERVER_PORTS.stop - 1} on 127.0.0.1")
 
 
 def cuda_available() -> bool:

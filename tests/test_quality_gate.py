@@ -7,21 +7,25 @@ over it, some twice (``pair`` prompts: both values must be the two most likely n
 its document followed by ``<q> KEY``. The documents are served first, so each prompt is a two-token extend over
 the document's cached pages (the radix-cache path is the one under test).
 
-* **Selection**, six documents of 8192 tokens (64 blocks; ~140 prompts): the query token's selection takes 32
+* **Selection**, four documents of 8192 tokens (64 blocks; 98 prompts): the query token's selection takes 32
   of its 65 blocks under the default top-32 quest. The baseline is every block attended through the same NVFP4
   cache (``DENSE_LAYERS=all``), so the difference is the selection alone. Dense ``torch_native`` is not run at
   this length: it recomputes the whole prompt's attention for every two-token extend (minutes per setting on
   two cores).
-* **Storage**, ten documents of 2048 tokens (16 blocks; ~110 prompts), where every setting attends every block:
+* **Storage**, four documents of 2048 tokens (16 blocks; 46 prompts), where every setting attends every block:
   NVFP4 against dense bf16 ``torch_native``.
 
 Margins (accuracy points):
 
-* default settings (no ``NVFP4_SPARSE_*`` variable) at most 3 below every-block at 8K. With ~140 prompts and a
-  baseline near 1.0, a true loss of 5 points (7 more misses) fails the gate with probability ~0.9 (Poisson tail);
-* own block only (``TOPK=1``, no sink or local block) at least 30 below every-block at 8K: the prompts really
-  need retrieval, so the gate can fail;
-* every block through NVFP4 at most 1 below dense at 2K.
+* default settings (no ``NVFP4_SPARSE_*`` variable) at most 3 below every-block at 8K. With 98 prompts and a
+  baseline near 1.0, a true loss of 5 points (4.9 more misses expected) fails the gate with probability 0.87
+  (Poisson tail, 3 or more);
+* own block only (``TOPK=1``, no sink or local block) at least 30 below every-block at 8K (the first two
+  documents): the prompts really need retrieval, so the gate can fail;
+* every block through NVFP4 at most 1 below dense at 2K (here: no prompt lost).
+
+About 10 minutes on 2 CPU cores (most of it prefilling the 8K documents through the reference kernels); the
+first version, six 8K and ten 2K documents, took 18.
 
 Every server run is deterministic (CPU, greedy), so the margins are not statistical allowances.
 """
@@ -35,8 +39,8 @@ from sglang_nvfp4.quality.evaluate import Setting, accuracy, run_setting
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "retrieval_model")
 SELECTION_LENGTH, STORAGE_LENGTH = 8192, 2048
-LONG = [task.make_shared_prompts(seed, SELECTION_LENGTH) for seed in range(6)]
-SHORT = [task.make_shared_prompts(seed, STORAGE_LENGTH) for seed in range(10)]
+LONG = [task.make_shared_prompts(seed, SELECTION_LENGTH) for seed in range(4)]
+SHORT = [task.make_shared_prompts(seed, STORAGE_LENGTH) for seed in range(4)]
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -65,10 +69,10 @@ def test_prompts_are_sparse_for_the_default_and_cover_both_families():
     from sglang_nvfp4.sglang.config import DEFAULT_TOPK
 
     long, short = _prompts(LONG), _prompts(SHORT)
-    assert len(long) >= 120 and len(short) >= 100
+    assert len(long) >= 95 and len(short) >= 40
     assert (SELECTION_LENGTH + 2 + 127) // 128 >= 2 * DEFAULT_TOPK, "the default would attend most blocks"
     assert (STORAGE_LENGTH + 2 + 127) // 128 <= DEFAULT_TOPK, "the storage check must attend every block"
-    assert sum(p.family == "pair" for p in long) >= 20
+    assert sum(p.family == "pair" for p in long) >= 15
     assert min(p.depth for p in long) < 0.1 and max(p.depth for p in long) > 0.9
 
 
@@ -90,6 +94,6 @@ def test_default_selection_within_3_points(every_block_rows, tmp_path):
 
 
 def test_own_block_only_loses_the_records(every_block_rows, tmp_path):
-    rows = _run("own_block", "nvfp4_sparse", LONG, tmp_path, TOPK=1, SINK_BLOCKS=0, LOCAL_BLOCKS=0)
-    baseline = _at(every_block_rows, SELECTION_LENGTH)
+    rows = _run("own_block", "nvfp4_sparse", LONG[:2], tmp_path, TOPK=1, SINK_BLOCKS=0, LOCAL_BLOCKS=0)
+    baseline = _at(every_block_rows, SELECTION_LENGTH)[:len(rows)]  # rows come in prompt order
     assert accuracy(rows) <= accuracy(baseline) - 0.30, (accuracy(rows), accuracy(baseline))
