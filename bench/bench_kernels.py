@@ -21,15 +21,19 @@ is named ``strongest_dense`` per shape. Reported: median ms (``triton.testing.do
 between runs), effective TF/s on the selected visible keys (4 * 128 flop per query head and key), the tile
 union size, speed-ups.
 
-Decode: batch {1, 32, 256} x context {8K, 32K, 128K}, H=64/Hkv=4, random top-16 per KV head, timed as
-CUDA-graph replays; GB/s on the bytes the kernel reads (selected pages, q, selection) and writes (out),
+Decode: batch {1, 32, 256} x context {8K, 32K, 128K} (``--decode-batch``, ``--decode-ctx``), H=64/Hkv=4, random
+``--decode-topk`` blocks per KV head (default 16), timed as CUDA-graph replays; ``ms`` is the dispatcher's choice
+(``implementation``), and on Hopper both decode kernels are timed too (``triton_us``, ``gluon_us``, their
+``*_fraction_of_copy`` and ``gluon_vs_triton_rel_diff``); GB/s on the bytes the kernel reads (selected pages, q, selection) and writes (out),
 against the measured device-to-device copy bandwidth (bytes read + written). Dense peers (batch x context
 <= ``FI_DECODE_MAX_TOKENS``): FlashInfer's tensor-core paged decode over the whole context, bf16 and NVFP4.
 FlashInfer compiles its kernels on first use: ``flashinfer.first_call_s`` records each first call.
 
 Decode splits (first, on a cold Triton cache): every fixed split count {1, 2, 4, 8, 16} at batch
 {1, 8, 32, 64, 256} and 32K context (``decode_splits``; ``split_first_call_s``: the first launch of each
-split count, compile included), the data behind ``triton_decode.DECODE_SPLITS``.
+split count, compile included), the data behind ``triton_decode.DECODE_SPLITS``, at ``--split-topk`` ids per
+token; on Hopper the Gluon decode's times per split count too (``gluon_us``; ``gluon_prefetch_us`` with its
+next-page prefetch), the data behind ``gluon_decode.decode_config``.
 """
 
 from __future__ import annotations
@@ -369,9 +373,9 @@ def run_prefill(patterns, t_list, in_tree_ok, results, out, fi=None, topks=(fmt.
         torch.cuda.empty_cache()
 
 
-def decode_problem(batch, ctx, gen):
+def decode_problem(batch, ctx, gen, topk=fmt.TOPK):
     """``batch`` requests of ``ctx`` tokens on random pages of random bytes (scale bytes 0x28..0x3F,
-    2**-2..2, no NaN codes), one query token each at the last position, random top-16; returns the
+    2**-2..2, no NaN codes), one query token each at the last position, random ``topk`` blocks; returns the
     dispatcher's arguments (tensor scales, as under CUDA graphs)."""
     heads, hkv = DECODE_HEADS
     blocks = ctx // fmt.PAGE_SIZE
@@ -380,7 +384,7 @@ def decode_problem(batch, ctx, gen):
     block_table = torch.randperm(batch * blocks, device=DEV, generator=gen).int().view(batch, blocks)
     pos = torch.full((batch,), ctx - 1, dtype=torch.int32, device=DEV)
     req = torch.arange(batch, dtype=torch.int32, device=DEV)
-    block_ids = random_blocks(pos, hkv, gen, blocks)
+    block_ids = random_blocks(pos, hkv, gen, blocks, topk)
     q = (torch.randn(batch, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     scales = torch.tensor([1.0], device=DEV), torch.tensor([1.0], device=DEV)
     return q, cache, block_ids, block_table, req, pos, *scales, fmt.HEAD_DIM**-0.5
@@ -404,18 +408,48 @@ def decode_dense_peers(batch, ctx, fi, gen) -> dict:
     return rec
 
 
-def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None):
-    args = decode_problem(batch, ctx, gen)
+def decode_kernels(args, moved, copy_gbps) -> dict:
+    """On Hopper, both decode kernels on the same problem: ``triton_us`` / ``gluon_us`` (and the Gluon kernel with
+    its next-page prefetch, ``gluon_prefetch_us``), their fraction of copy bandwidth and the relative difference of
+    their outputs (``{}`` elsewhere)."""
+    if kernels.plan_attention("decode", args[3], args[4], args[5], num_kv_heads=args[1].shape[1] // 2).implementation \
+            != "gluon":
+        return {}
+    from sglang_nvfp4.kernels import gluon_decode
+
+    rec, outs = {}, {}
+    prefetch = lambda *a: gluon_decode.launch(*a, prefetch=True)  # noqa: E731
+    for name, launch in (("triton", triton_decode.launch), ("gluon", gluon_decode.launch), ("gluon_prefetch", prefetch)):
+        outs[name] = torch.full_like(args[0], float("nan"))
+        launch(*args, outs[name])
+        rec[f"{name}_us"] = 1e3 * graph_ms(lambda: launch(*args, outs[name]))
+        rec[f"{name}_fraction_of_copy"] = moved / (rec[f"{name}_us"] * 1e-3) / 1e6 / copy_gbps
+    rec["gluon_nan"] = bool(outs["gluon"].isnan().any())
+    rec["gluon_vs_triton_rel_diff"] = ((outs["gluon"].double() - outs["triton"].double()).norm()
+                                       / outs["triton"].double().norm()).item()
+    rec["speedup_gluon_vs_triton"] = rec["triton_us"] / rec["gluon_us"]
+    return rec
+
+
+def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None, topk=fmt.TOPK):
+    args = decode_problem(batch, ctx, gen, topk)
     q, block_ids = args[0], args[2]
     heads, hkv = DECODE_HEADS
     out = torch.empty_like(q)
     pages = int((block_ids >= 0).sum())  # distinct by construction
     moved = pages * PAGE_BYTES_READ + 2 * q.numel() * q.element_size() + block_ids.numel() * 4
-    row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "bytes": moved,
-           "splits": triton_decode.DECODE_SPLITS}
+    row = {"batch": batch, "ctx": ctx, "H": heads, "Hkv": hkv, "topk": topk, "bytes": moved,
+           "implementation": kernels.plan_attention("decode", args[3], args[4], args[5], num_kv_heads=hkv).implementation}
+    if row["implementation"] == "gluon":
+        from sglang_nvfp4.kernels import gluon_decode
+
+        row["splits"], row["prefetch"] = gluon_decode.decode_config(topk)
+    else:
+        row["splits"] = triton_decode.DECODE_SPLITS
     row["ms"] = graph_ms(lambda: kernels.sparse_decode(*args, out=out))
     row["GBps"] = moved / row["ms"] / 1e6
     row["fraction_of_copy"] = row["GBps"] / copy_gbps
+    row.update(decode_kernels(args, moved, copy_gbps))
     if sweep:
         row["sweep"] = []
         for cap in DECODE_SWEEP:
@@ -433,38 +467,54 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None):
     return row
 
 
-def run_split_sweep(results, out):
+def run_split_sweep(results, out, topk=fmt.TOPK):
     """Decode time per fixed split count and batch size at ``SWEEP_T`` context: the data behind
     ``triton_decode.DECODE_SPLITS`` (one value for every batch size keeps decode batch-invariant).
     Also the first call's wall time per split count (the Triton compile, on a cold cache)."""
     for batch in SPLIT_SWEEP_BATCH:
         gen = torch.Generator(device=DEV).manual_seed(batch)
-        args = decode_problem(batch, SWEEP_T, gen)
+        args = decode_problem(batch, SWEEP_T, gen, topk)
         out_t = torch.empty_like(args[0])
-        row = {"batch": batch, "ctx": SWEEP_T, "us": {}}
-        for splits in SPLIT_SWEEP:
-            t0 = time.perf_counter()
-            triton_decode.launch(*args, out_t, splits=splits)
-            torch.cuda.synchronize()
-            results.setdefault("split_first_call_s", {}).setdefault(str(splits), time.perf_counter() - t0)
-            row["us"][str(splits)] = 1e3 * graph_ms(lambda: triton_decode.launch(*args, out_t, splits=splits))
+        row = {"batch": batch, "ctx": SWEEP_T, "topk": topk, "us": {}}
+        launches = {"us": triton_decode.launch}
+        if kernels.plan_attention("decode", args[3], args[4], args[5], num_kv_heads=DECODE_HEADS[1]).implementation \
+                == "gluon":
+            from sglang_nvfp4.kernels import gluon_decode
+
+            launches["gluon_us"] = gluon_decode.launch
+            launches["gluon_prefetch_us"] = lambda *a, splits: gluon_decode.launch(*a, splits=splits, prefetch=True)
+        for key, launch in launches.items():
+            row[key] = {}
+            for splits in SPLIT_SWEEP:
+                t0 = time.perf_counter()
+                launch(*args, out_t, splits=splits)
+                torch.cuda.synchronize()
+                results.setdefault("split_first_call_s", {}).setdefault(f"{key}:{splits}", time.perf_counter() - t0)
+                row[key][str(splits)] = 1e3 * graph_ms(lambda: launch(*args, out_t, splits=splits))
         results["decode_splits"].append(row)
         save(results, out)
-        log(f"decode splits, batch {batch}: " + ", ".join(f"{k}: {v:.1f} us" for k, v in row["us"].items()))
+        for key in launches:
+            log(f"decode splits ({key}), batch {batch}: " + ", ".join(f"{k}: {v:.1f} us" for k, v in row[key].items()))
 
 
-def run_decode(results, copy_gbps, out, fi=None):
-    cases = [(b, c) for c in DECODE_CTX for b in DECODE_BATCH]
-    for i, (batch, ctx) in enumerate(cases):
+def run_decode(results, copy_gbps, out, fi=None, topks=(fmt.TOPK,), batches=DECODE_BATCH, contexts=DECODE_CTX):
+    cases = [(b, c, k) for k in topks for c in contexts for b in batches]
+    for i, (batch, ctx, topk) in enumerate(cases):
         gen = torch.Generator(device=DEV).manual_seed(batch + ctx)
         try:
-            row = decode_case(batch, ctx, gen, copy_gbps, sweep=(batch, ctx) == (256, SWEEP_T), fi=fi)
+            row = decode_case(batch, ctx, gen, copy_gbps, sweep=(batch, ctx, topk) == (256, SWEEP_T, fmt.TOPK), fi=fi,
+                              topk=topk)
         except Exception as exc:  # noqa: BLE001
-            row = {"batch": batch, "ctx": ctx, "error": repr(exc)[:500]}
-            log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx}: FAILED {row['error']}")
+            row = {"batch": batch, "ctx": ctx, "topk": topk, "error": repr(exc)[:500]}
+            log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx} top{topk}: FAILED {row['error']}")
         else:
-            log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx}: {row['ms'] * 1e3:.1f} us, "
-                f"{row['GBps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), splits {row['splits']}; "
+            kernels_note = (f"; triton {row['triton_us']:.1f} us ({100 * row['triton_fraction_of_copy']:.0f}%), "
+                            f"gluon {row['gluon_us']:.1f} us ({100 * row['gluon_fraction_of_copy']:.0f}%), "
+                            f"gluon with prefetch {row['gluon_prefetch_us']:.1f} us, "
+                            f"rel diff {row['gluon_vs_triton_rel_diff']:.1e}" if "gluon_us" in row else "")
+            log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx} top{topk} [{row['implementation']}]: "
+                f"{row['ms'] * 1e3:.1f} us, {row['GBps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), "
+                f"splits {row['splits']}{kernels_note}; "
                 f"strongest dense {row.get('strongest_dense', '-')} {row.get('strongest_dense_ms', 0) * 1e3:.1f} us")
         results["decode"].append(row)
         save(results, out)
@@ -551,6 +601,10 @@ def main():
     parser.add_argument("--heads", nargs="*", default=[f"{h}/{k}" for h, k in PREFILL_HEADS],
                         help="prefill query/KV heads, e.g. 64/4")
     parser.add_argument("--no-sweep", action="store_true", help="skip the prefill config sweep")
+    parser.add_argument("--decode-topk", type=int, nargs="*", default=[fmt.TOPK], help="decode ids per token")
+    parser.add_argument("--decode-batch", type=int, nargs="*", default=list(DECODE_BATCH))
+    parser.add_argument("--decode-ctx", type=int, nargs="*", default=list(DECODE_CTX))
+    parser.add_argument("--split-topk", type=int, nargs="*", default=[fmt.TOPK], help="ids per token, split sweep")
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["prefill", "decode", "write", "flashinfer", "splits", "in-tree"])
     args = parser.parse_args()
@@ -588,11 +642,13 @@ def main():
     results["ceilings"] = ceilings()
     log(f"copy {results['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {results['ceilings']['bf16_matmul_TFps']:.0f} TF/s")
     if "splits" not in args.skip:
-        run_split_sweep(results, args.out)
+        for topk in args.split_topk:
+            run_split_sweep(results, args.out, topk)
     if "write" not in args.skip:
         run_write(results)
     if "decode" not in args.skip:
-        run_decode(results, results["ceilings"]["copy_GBps"], args.out, fi)
+        run_decode(results, results["ceilings"]["copy_GBps"], args.out, fi, args.decode_topk, args.decode_batch,
+                   args.decode_ctx)
     if "prefill" not in args.skip:
         heads = [tuple(int(x) for x in h.split("/")) for h in args.heads]
         run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out, fi, args.topk, heads, not args.no_sweep)
@@ -627,8 +683,10 @@ def summary(results):
         if "ms" in r:
             best = (f"; {r['strongest_dense']} {r['strongest_dense_ms'] * 1e3:.1f} us "
                     f"({r['speedup_vs_strongest_dense']:.1f}x)" if "strongest_dense" in r else "")
-            print(f"batch {r['batch']:>3} ctx {r['ctx'] // 1024:>3}K: {r['ms'] * 1e3:8.1f} us {r['GBps']:6.0f} GB/s "
-                  f"{100 * r['fraction_of_copy']:4.0f}% of copy{best}")
+            both = (f"; triton {r['triton_us']:.1f} us, gluon {r['gluon_us']:.1f} us "
+                    f"({r['speedup_gluon_vs_triton']:.2f}x)" if "gluon_us" in r else "")
+            print(f"batch {r['batch']:>3} ctx {r['ctx'] // 1024:>3}K top{r.get('topk', fmt.TOPK):<3}: {r['ms'] * 1e3:8.1f} us "
+                  f"{r['GBps']:6.0f} GB/s {100 * r['fraction_of_copy']:4.0f}% of copy{both}{best}")
     fi = results.get("flashinfer", {})
     if fi.get("first_call_s"):
         print("\nFlashInfer first calls (s, JIT compile included when not cached): "

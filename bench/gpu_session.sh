@@ -14,7 +14,7 @@ for stage in "$@"; do
   case "$stage" in
     tests)
       timeout -s KILL ${TESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
-        tests/test_gluon_prefill.py tests/test_kernels_gpu.py tests/test_dispatch_cpu.py 2>&1 \
+        tests/test_gluon_prefill.py tests/test_gluon_decode.py tests/test_kernels_gpu.py tests/test_dispatch_cpu.py 2>&1 \
         | tee "$OUT/pytest.txt" | tail -25 ;;
     bench*)
       args=${stage#bench}; args=${args#=}
@@ -29,8 +29,8 @@ gen_topk_module().build_and_load(); print('flashinfer top-k module built in %.0f
       python3 bench/bench_topk.py --out "$OUT" 2>&1 | tee -a "$OUT/log.txt" ;;
     ncu)
       timeout 150 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section ComputeWorkloadAnalysis \
-        -k 'regex:_sparse_(prefill|decode)_kernel' --launch-skip 2 --launch-count 2 \
+        --section ComputeWorkloadAnalysis --section WarpStateStats \
+        -k 'regex:_sparse_(prefill|decode)_kernel|_ws_prefill_kernel' --launch-skip 2 --launch-count 2 \
         python3 bench/bench_kernels.py --profile > "$OUT/ncu.txt" 2>&1
       tail -60 "$OUT/ncu.txt" ;;
   esac

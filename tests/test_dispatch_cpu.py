@@ -124,7 +124,7 @@ def test_run_checks_each_layers_selection(bad, match):
 @pytest.mark.parametrize("capability, importable, want", [
     ((9, 0), True, "gluon"), ((9, 0), False, "triton"), ((8, 0), True, "triton"), ((10, 0), True, "triton"),
 ])
-def test_hopper_picks_the_gluon_prefill(monkeypatch, capability, importable, want):
+def test_hopper_picks_the_gluon_kernels(monkeypatch, capability, importable, want):
     import sys
 
     monkeypatch.delenv(kernels.FORCE_ENV, raising=False)
@@ -132,8 +132,9 @@ def test_hopper_picks_the_gluon_prefill(monkeypatch, capability, importable, wan
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     if not importable:
-        monkeypatch.setitem(sys.modules, "sglang_nvfp4.kernels.gluon_prefill", None)
-        monkeypatch.delattr(kernels, "gluon_prefill", raising=False)
+        for name in ("gluon_prefill", "gluon_decode"):
+            monkeypatch.setitem(sys.modules, f"sglang_nvfp4.kernels.{name}", None)
+            monkeypatch.delattr(kernels, name, raising=False)
     kernels._gluon_serves.cache_clear()
     try:
         assert kernels.resolve_implementation(torch.device("cuda", 0)) == want
@@ -153,7 +154,14 @@ def test_forced_gluon_needs_hopper_and_falls_back_per_layer(monkeypatch):
     plan._fallback = lambda *args: calls.append(args[2].shape[2])  # stands for Triton: record the width
     plan.run(p.q, p.cache, random_block_ids(p, seed=0, width=64), 1.0, 1.0, 0.1)  # wider than Gluon serves
     assert calls == [64]
-    decode = kernels.plan_attention("decode", p.block_table, p.req, p.pos, num_kv_heads=1)
-    from sglang_nvfp4.kernels import triton_decode
+    from sglang_nvfp4.kernels import gluon_decode, triton_decode
 
-    assert decode._launch is triton_decode.launch  # Gluon serves prefill only
+    decode = kernels.plan_attention("decode", p.block_table, p.req, p.pos, num_kv_heads=1)
+    assert decode._launch is gluon_decode.launch and decode._fallback is triton_decode.launch
+    served, fallen_back = [], []
+    decode._launch = lambda *args: served.append(args[0].shape[1])  # record the query heads
+    decode._fallback = lambda *args: fallen_back.append(args[0].shape[1])
+    decode.run(p.q, p.cache, random_block_ids(p, seed=0), 1.0, 1.0, 0.1)
+    many_heads = torch.zeros(p.q.shape[0], 2 * gluon_decode.MAX_GROUP, fmt.HEAD_DIM)
+    decode.run(many_heads, p.cache, random_block_ids(p, seed=0), 1.0, 1.0, 0.1)
+    assert served == [16] and fallen_back == [2 * gluon_decode.MAX_GROUP]

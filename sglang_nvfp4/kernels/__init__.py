@@ -17,9 +17,10 @@ Which implementation serves a plan (:func:`resolve_implementation`):
 
 * CPU: the torch reference (exact, slow).
 * CUDA and ROCm: the Triton kernels (``triton_prefill``, ``triton_decode``, ``triton_write``).
-* NVIDIA Hopper (sm_90): the warp-specialized Gluon prefill (``gluon_prefill``) when Triton's Gluon
-  imports, for the layers whose shape it serves (``gluon_prefill.supports``: 8-64 query heads per KV
-  head, at most 32 ids per token); other layers, decode and cache writes stay on Triton.
+* NVIDIA Hopper (sm_90), when Triton's Gluon imports: the warp-specialized Gluon prefill
+  (``gluon_prefill``) for the layers whose shape it serves (``gluon_prefill.supports``: 8-64 query heads
+  per KV head, at most 32 ids per token) and the Gluon decode (``gluon_decode``, 1-32 query heads per KV
+  head); other layers and cache writes stay on Triton.
 * ROCm gfx950: FlyDSL for prefill when ``sglang_nvfp4.kernels.flydsl`` imports and reports itself
   available, for the layers whose shape it serves (``flydsl.supports``: 16 query heads per KV head,
   at most 16 ids per token); other layers, decode and cache writes stay on Triton.
@@ -42,6 +43,7 @@ width ``K >= 1`` is accepted (the kernels pad it to a power of two); they are tu
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 
 import torch
@@ -70,9 +72,9 @@ __all__ = [
 
 FORCE_ENV = "NVFP4_SPARSE_KERNEL"
 IMPLEMENTATIONS = ("reference", "triton", "gluon", "flydsl")
-# Prefill implementations that serve only some layer shapes (``module.supports(heads, kv_heads, width)``);
-# Triton serves the others.
-_PARTIAL_PREFILL = ("gluon", "flydsl")
+# Kernels that serve only some (implementation, kind) pairs and, within them, some layer shapes
+# (``module.supports(heads, kv_heads, width)``); Triton serves the others.
+_PARTIAL = {("gluon", "prefill"): "gluon_prefill", ("gluon", "decode"): "gluon_decode", ("flydsl", "prefill"): "flydsl"}
 KINDS = ("prefill", "decode")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -100,12 +102,12 @@ def _flydsl_serves(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _gluon_serves(device: torch.device) -> bool:
-    """True on an NVIDIA sm_90 device when the Gluon prefill imports (Triton with Gluon's Hopper API)."""
+    """True on an NVIDIA sm_90 device when the Gluon kernels import (Triton with Gluon's Hopper API)."""
     if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available() \
             or torch.cuda.get_device_capability(device) != (9, 0):
         return False
     try:
-        from . import gluon_prefill  # noqa: F401
+        from . import gluon_decode, gluon_prefill  # noqa: F401
     except ImportError:
         return False
     return True
@@ -147,36 +149,23 @@ class AttentionPlan:
         self.block_table, self.req, self.pos = block_table, req, pos
         self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
         self._launch = self._launcher(implementation)
-        # Gluon and FlyDSL serve the prefill layers whose shape they support; the others fall back to Triton.
+        # Gluon and FlyDSL serve the layers whose shape they support; the others fall back to Triton.
         self._supports = None
         if implementation == "gluon" and not _gluon_serves(block_table.device):
-            raise ValueError(f"{FORCE_ENV}=gluon: the Gluon prefill needs an NVIDIA sm_90 GPU and a Triton with "
+            raise ValueError(f"{FORCE_ENV}=gluon: the Gluon kernels need an NVIDIA sm_90 GPU and a Triton with "
                              f"Gluon's Hopper API; the plan is for {block_table.device}")
-        if implementation in _PARTIAL_PREFILL and kind == "prefill":
+        if (implementation, kind) in _PARTIAL:
             self._supports, self._fallback = self._module(implementation).supports, self._launcher("triton")
 
-    @staticmethod
-    def _module(implementation: str):
-        if implementation == "gluon":
-            from . import gluon_prefill
-
-            return gluon_prefill
-        from . import flydsl
-
-        return flydsl
+    def _module(self, implementation: str):
+        """The kernel module of ``implementation`` for this plan's kind."""
+        if implementation == "reference":
+            return None
+        name = _PARTIAL.get((implementation, self.kind)) or f"triton_{self.kind}"
+        return importlib.import_module(f".{name}", __name__)
 
     def _launcher(self, implementation: str):
-        if implementation == "reference":
-            return _reference_launch
-        if implementation in _PARTIAL_PREFILL and self.kind == "prefill":
-            return self._module(implementation).launch
-        if self.kind == "prefill":
-            from . import triton_prefill
-
-            return triton_prefill.launch
-        from . import triton_decode  # Gluon and FlyDSL have no decode kernel: Triton serves it on every GPU
-
-        return triton_decode.launch
+        return _reference_launch if implementation == "reference" else self._module(implementation).launch
 
     def run(self, q: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor, k_scale, v_scale,
             sm_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -43,10 +43,10 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .. import format as fmt
 from . import triton_prefill
+from .gluon_common import decode_words, live_token_masks
 from .triton_common import (  # layout constants (Gluon constexprs too), the decoder, softmax and scale helpers
     BLOCK_WORDS,
     CODE_WORDS,
-    E2M1_WORD_TO_F16X2_PTX,
     HEAD_DIM,
     LOG2E,
     PAGE,
@@ -70,27 +70,6 @@ CONSUMER_REGS = gl.constexpr(192)
 
 SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's scale bytes as 2 little-endian words from here
 
-# One code word ($8) and its scale operands ($9; V^T also $10) in, 8 fp16 values (e2m1 * e4m3 * 2**-6) out in code
-# order ($0..$7): the Triton kernels' decoder (E2M1 codes rewritten as E4M3 bytes, cvt.rn.f16x2.e4m3x2), then
-# the scales multiplied on packed halves. Products of these values and E4M3 scales are exact in fp16.
-_CODES_TO_E4M3 = """
-.reg .b32 e, o, t, a, b, p0, p1, p2, p3, s0, s1, s2, s3;
-.reg .b16 h0, h1;""" + E2M1_WORD_TO_F16X2_PTX
-_SCALED_OUT = """
-mul.rn.f16x2 p0, p0, s0; mul.rn.f16x2 p1, p1, s1; mul.rn.f16x2 p2, p2, s2; mul.rn.f16x2 p3, p3, s3;
-mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
-"""
-# K: the 8 codes of a word share one scale, the low byte of $9, broadcast to both halves.
-_K_WORD_PTX = gl.constexpr("{" + _CODES_TO_E4M3 + """
-prmt.b32 a, $9, 0, 0x0000;
-mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 s0, h0; mov.b32 s1, s0; mov.b32 s2, s0; mov.b32 s3, s0;
-""" + _SCALED_OUT + "}")
-# V^T: code i of a word is token i of an octet, with its own scale: bytes 0..3 of $9 and of $10.
-_V_WORD_PTX = gl.constexpr("{" + _CODES_TO_E4M3 + """
-mov.b32 {h0, h1}, $9; cvt.rn.f16x2.e4m3x2 s0, h0; cvt.rn.f16x2.e4m3x2 s1, h1;
-mov.b32 {h0, h1}, $10; cvt.rn.f16x2.e4m3x2 s2, h0; cvt.rn.f16x2.e4m3x2 s3, h1;
-""" + _SCALED_OUT + "}")
-
 
 def supports(heads: int, kv_heads: int, width: int) -> bool:
     """Whether this kernel serves a layer (on an sm_90 device, which the dispatcher checks): 8..64 query
@@ -107,20 +86,9 @@ def tokens_per_consumer(group: int) -> int:
 
 @gluon.jit
 def _decode_tile(words, scales):
-    """uint32 code words ``[R, 16]`` and their scale operands (a tuple of uint32 tensors of that shape: K, one
-    scale byte per word; V^T, the 8 token scales of each word as two words) -> fp16 ``[R, 128]`` in code
-    order, each value ``e2m1 * e4m3 / TILE_SCALE``."""
-    if len(scales) == 1:
-        c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
-            _K_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scales[0]],
-            dtype=(gl.float16,) * 8, is_pure=True, pack=1)
-    else:
-        c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
-            _V_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, scales[0], scales[1]],
-            dtype=(gl.float16,) * 8, is_pure=True, pack=1)
-    # [R, 16, 2, 2, 2] with code 4a + 2b + c of each word at [a, b, c]
-    codes = gl.join(gl.join(gl.join(c0, c4), gl.join(c2, c6)), gl.join(gl.join(c1, c5), gl.join(c3, c7)))
-    return gl.reshape(codes, (words.shape[0], 8 * words.shape[1]))
+    """uint32 code words ``[R, 16]`` and their scale operands (:func:`.gluon_common.decode_words`) -> fp16
+    ``[R, 128]`` in code order, each value ``e2m1 * e4m3 / TILE_SCALE``."""
+    return gl.reshape(decode_words(words, scales), (words.shape[0], 8 * words.shape[1]))
 
 
 @gluon.jit
@@ -146,12 +114,7 @@ def _load_vt(cache_ptr, v_block, live_keys, layout: gl.constexpr):
     # The scales of tokens 8w..8w+7 in group g sit in bytes 64..71 of row V_SCALE_ROWS_PER_GROUP * g + w.
     scale_row = words_ptr + ((dim // SCALE_GROUP) * V_SCALE_ROWS_PER_GROUP + octet[None, :]) * ROW_WORDS + SCALE_WORD
     lo, hi = gl.load(scale_row), gl.load(scale_row + 1)
-    lo_mask = gl.zeros(octet.shape, gl.uint32, octet_layout)  # byte j kept when token 8w + j is live
-    hi_mask = gl.zeros(octet.shape, gl.uint32, octet_layout)
-    byte = gl.full(octet.shape, 0xFF, gl.uint32, octet_layout)
-    for j in gl.static_range(4):
-        lo_mask = lo_mask | gl.where(octet * 8 + j < live_keys, byte << (8 * j), 0)
-        hi_mask = hi_mask | gl.where(octet * 8 + 4 + j < live_keys, byte << (8 * j), 0)
+    lo_mask, hi_mask = live_token_masks(octet, live_keys)
     return codes, (lo & lo_mask[None, :], hi & hi_mask[None, :])
 
 

@@ -174,8 +174,18 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
         num_warps=num_warps, num_stages=num_stages, **register_cap,
     )
     if splits > 1:
-        _combine_splits_kernel[(t, hkv)](
-            out, part_acc, part_stats, v_scale, out.stride(0), out.stride(1),
-            HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, V_SCALE_BY_POINTER=v_by_pointer, num_warps=4,
-        )
+        combine_splits(out, part_acc, part_stats, v_scale, hkv, group, rows, splits)
     return out
+
+
+def combine_splits(out, part_acc, part_stats, v_scale, hkv: int, group: int, rows: int, splits: int):
+    """Merge the ``splits`` partials of every (token, KV head) into ``out [T, H, 128]``, in split order.
+
+    ``part_acc``: fp32 ``[T, Hkv, splits, rows, 128]``, column ``c`` holding dim ``vt_tile_dim(c)``;
+    ``part_stats``: fp32 ``[T, Hkv, splits, 2, rows]``, the running max (base 2) and sum of each row (a split
+    that saw nothing: ``-inf`` and 0). The Gluon decode writes the same partials."""
+    _combine_splits_kernel[(out.shape[0], hkv)](
+        out, part_acc, part_stats, v_scale, out.stride(0), out.stride(1),
+        HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
+        num_warps=4,
+    )

@@ -1,0 +1,313 @@
+"""Sparse decode for Hopper (sm_90), in Gluon: decoded pages go straight into wgmma's register operands.
+Same contract (:mod:`sglang_nvfp4.reference`), grid, split schedule and split combine as :mod:`.triton_decode`
+(with its own split count per selection width, :func:`decode_config`); entry point :func:`launch`.
+
+Why a second decode kernel. Decode multiplies each decoded page by one token's query heads only, so it is
+bound by decoding, not by the tensor cores. The Triton kernel decodes a tile in a blocked layout and Triton
+then moves it through shared memory into the layout the matrix unit reads (``bench/results/kernels_h200.md``:
+shared-memory pipe 71% busy, 27% of copy bandwidth). Gluon lets the kernel choose the thread of every
+decoded value: each thread loads exactly the code words whose values its wgmma A-operand registers hold, so
+a decoded tile never touches shared memory.
+
+How. The products are transposed as in the Triton kernel, ``S^T = K.Q^T`` and ``O^T += V^T.P^T``: keys and
+dims on wgmma's M side (128 rows, the A operand from registers), the query heads on N (``ROWS``). In the
+A layout (k_width 2) a thread holds, per row and per pair of 16-wide k steps, 8 values that are not
+consecutive k indices; a code word holds 8 consecutive cache elements. Both products contract over an index
+whose order is free so long as both operands use it, so the kernel runs them over permuted indices:
+
+* logical k index ``32 wr + 16 a + 8 b + 2 wl + c`` is cache element ``8 (4 wl + wr) + 4 a + 2 b + c``
+  (:func:`cache_index`): word ``4 wl + wr`` of a row (``wl``: the thread's lane within a quad, ``wr``: its
+  register) and code ``4 a + 2 b + c`` of that word;
+* for ``S^T`` the contraction index is the head dim: ``Q^T`` is staged in shared memory in this dim order;
+* for ``O^T`` it is the key: ``S^T`` rows (keys) are loaded in this key order too, so ``P^T`` leaves the
+  softmax already in the order V^T's words give, and goes to shared memory (``ROWS x 128`` fp16) as is.
+
+Numerics: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2 softmax, ``P``
+rounded to fp16, as the Triton kernel; the summation order inside the products differs, so outputs agree
+with it to rounding, not bit for bit. Batch invariance holds (a token's programs depend on its own
+selection only, ``SPLITS`` is fixed). V scales of keys past the token's position are zeroed (their bytes
+may be E4M3 NaN codes) and their scores masked to ``-inf``.
+
+Scope (:func:`supports`): NVIDIA sm_90, 1 to 32 query heads per KV head. It runs only compiled (Gluon
+has no interpreter); ``tests/test_gluon_decode.py`` compiles it for sm_90 on any host, checks that no
+tile passes through shared memory, and compares it with the reference on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from .. import format as fmt
+from . import triton_decode
+from .gluon_common import decode_words, live_token_masks
+from .triton_common import (
+    BLOCK_WORDS,
+    HEAD_DIM,
+    LOG2E,
+    PAGE,
+    ROW_WORDS,
+    SCALE_OFFSET,
+    TILE_SCALE,
+    V_SCALE_ROWS_PER_GROUP,
+    global_scale,
+    online_softmax_step,
+)
+
+MAX_GROUP = 32  # query heads per KV head (wgmma's N: the fp32 S^T and O^T grow with it; 64 spills)
+NUM_WARPS = gl.constexpr(4)  # one warpgroup
+
+
+def decode_config(width: int) -> tuple[int, bool]:
+    """``(splits, prefetch)`` for a layer whose selection has ``width`` ids per token: programs per (token, KV head),
+    the same for every batch size (batch invariance), and whether each program loads the next page's bytes while
+    it decodes one (up to 16 rows; up to 255 registers, 2 programs per multiprocessor instead of 3).
+
+    Chosen on the H200 at 32K context, batch 1-256, as the setting with the smallest worst case against the best
+    setting of each batch size (``bench/results/decode_gluon_h200.md``): at top-32 (the default) 8 splits without
+    prefetch (1.23x; 4 splits with prefetch: 1.45x), at top-16 4 splits with prefetch, both 4 kept pages per
+    program. Wider selections keep top-32's setting (not swept)."""
+    return (4, True) if width <= 16 else (8, False)
+
+
+def max_registers(rows: int, splits: int, prefetch: bool) -> int:
+    """Register cap per thread: 168 (3 programs per multiprocessor, as the Triton decode) where that does not
+    spill (16 rows, split partials, no prefetch), else 255 (2 programs; with 232-248 the prefetch spills a few
+    bytes under one Triton version or the other). Checked without spills by
+    ``tests/test_gluon_decode.py`` (Triton 3.8 here, 3.6 on the GPU host)."""
+    return 168 if rows <= 16 and splits > 1 and not prefetch else 255
+
+
+SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's scale bytes as 2 little-endian words from here
+
+
+def supports(heads: int, kv_heads: int, width: int) -> bool:
+    """Whether this kernel serves a layer (on an sm_90 device, which the dispatcher checks)."""
+    return 1 <= heads // kv_heads <= MAX_GROUP
+
+
+@gluon.jit
+def cache_index(k):
+    """Cache element (dim of a key row, or key of a V^T row) at logical index ``k`` of a tile (module
+    docstring): bits ``k0, k1 k2, k3, k4, k5 k6`` = ``c, wl, b, a, wr`` -> ``32 wl + 8 wr + 4 a + 2 b + c``."""
+    return (k & 1) | (((k >> 3) & 1) << 1) | (((k >> 4) & 1) << 2) | (((k >> 5) & 3) << 3) | (((k >> 1) & 3) << 5)
+
+
+@gluon.jit
+def vt_row_dim(m):
+    """Dim held by row ``m`` of a V^T tile (and of ``O^T``): bits ``m3, m6, m0 m1, m2, m4 m5`` -> dim bits 0..6.
+    A thread's four rows (bits 3 and 6 of ``m`` are its registers) then lie in one scale group (dim bits 4..6),
+    so it loads 8 V scale words per page instead of 32."""
+    return ((m >> 3) & 1) | (((m >> 6) & 1) << 1) | ((m & 3) << 2) | (((m >> 2) & 1) << 4) | (((m >> 4) & 3) << 5)
+
+
+# Thread layout of a tile's code words ``[128 rows, 16 words]``: the rows and words whose decoded values fill a
+# thread's registers of wgmma's A operand (m64, fp16, 4 warps): rows ``l // 4 + 8 h + 16 w + 64 r`` (lane ``l``,
+# warp ``w``, registers ``h``, ``r``), words ``4 (l % 4) + 0..3`` (16 contiguous bytes). The kernel works on the
+# 6-d view ``TILE_6D = [r, w, h, l // 4, l % 4, word % 4]`` of it: scales, which do not depend on some of the
+# register axes, are loaded once per thread and broadcast along those axes in registers.
+WORDS_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [8, 0], [64, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[128, 16]))
+TILE_6D = gl.constexpr((2, 4, 2, 8, 4, 4))
+
+
+@gluon.jit
+def _as_operand(codes, operand_layout: gl.constexpr):
+    """Decoded words ``TILE_6D + [2, 2, 2]`` (row, word ``4 wl + wr``, code ``4a + 2b + c``) -> fp16 ``[128, 128]``
+    with column ``32 wr + 16 a + 8 b + 2 wl + c``, in ``operand_layout``. With the words loaded in
+    ``WORDS_LAYOUT`` this is a renaming of registers: no data moves."""
+    x = gl.reshape(codes, (PAGE, 4, 4, 2, 2, 2))  # [row, wl, wr, a, b, c]
+    x = gl.permute(x, (0, 2, 3, 4, 1, 5))  # [row, wr, a, b, wl, c]
+    return gl.convert_layout(gl.reshape(x, (PAGE, HEAD_DIM)), operand_layout)
+
+
+@gluon.jit
+def _load_page(cache_ptr, page, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row,
+               HKV: gl.constexpr):
+    """The code words of one page and KV head (offsets ``k_words_at``, ``v_words_at`` within a block, in
+    WORDS_LAYOUT, returned as ``TILE_6D``) and their scales: K, the 2 scale bytes of each row's 4 words of a
+    thread (5-d, no word axis); V^T, the 8 token scales of each word as two words (4-d, no row register axes)."""
+    words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32))
+    k_block = page.to(gl.int64) * (2 * HKV * BLOCK_WORDS) + kv_head * BLOCK_WORDS  # in 4-byte words
+    v_block = k_block + HKV * BLOCK_WORDS
+    # Loaded in 2-d, where the compiler sees 4 contiguous words per thread (16-byte loads).
+    k_words = gl.reshape(gl.load(words_ptr + k_block + k_words_at), TILE_6D)
+    v_words = gl.reshape(gl.load(words_ptr + v_block + v_words_at), TILE_6D)
+    k_scales = gl.load((cache_ptr + 4 * k_block + k_scale_row * (4 * ROW_WORDS) + SCALE_OFFSET
+                        + k_scale_byte).to(gl.pointer_type(gl.uint16), bitcast=True))
+    v_scales = words_ptr + v_block + v_scale_row * ROW_WORDS + SCALE_WORD
+    return k_words, k_scales, v_words, gl.load(v_scales), gl.load(v_scales + 1)
+
+
+@gluon.jit
+def _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it, stride_ik, K_POW2: gl.constexpr):
+    """The token's deduplicated selection, as the Triton decode keeps it: the first occurrence of each id
+    that starts at or before ``pos``. Returns ``(block [K_POW2], keep, order, num_kept)``: kept slot ``i`` is
+    the ``order[i]``-th kept block."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NUM_WARPS, 1], [1, 0])
+    slot_i = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, layout))
+    slot_j = gl.arange(0, K_POW2, layout=gl.SliceLayout(0, layout))
+    ids = block_ids_ptr + kv_head * stride_ih + token.to(gl.int64) * stride_it
+    block_i = gl.load(ids + slot_i * stride_ik, mask=slot_i < K, other=-1)
+    block_j = gl.load(ids + slot_j * stride_ik, mask=slot_j < K, other=-1)
+    selected_j = (block_j >= 0) & (block_j * PAGE <= pos)
+    earlier = slot_j[None, :] < slot_i[:, None]
+    repeat = (block_i[:, None] == block_j[None, :]) & selected_j[None, :] & earlier
+    keep = (block_i >= 0) & (block_i * PAGE <= pos) & (gl.max(repeat.to(gl.int32), axis=1) == 0)
+    keep_j = gl.convert_layout(keep, gl.SliceLayout(0, layout))
+    order = gl.sum((keep_j[None, :] & earlier).to(gl.int32), axis=1)
+    # Every warp holds the whole selection: picking the j-th kept block is then a reduction within a warp.
+    everywhere: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    keep = gl.convert_layout(keep, everywhere)
+    return (gl.convert_layout(block_i, everywhere), keep, gl.convert_layout(order, everywhere),
+            gl.sum(keep.to(gl.int32), axis=0))
+
+
+@gluon.jit
+def _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs):
+    """Block and page of the ``j``-th kept block; past the last one, block 0 (always mapped: a harmless prefetch)."""
+    block_j = gl.sum(gl.where(keep & (order == j), block, 0), axis=0)
+    return block_j, gl.load(block_table_ptr + req.to(gl.int64) * stride_br + block_j * stride_bs)
+
+
+@gluon.jit
+def _sparse_decode_kernel(
+    q_ptr, out_ptr, part_acc_ptr, part_stats_ptr, cache_ptr,  # q/out [T, H, 128]; partials fp32
+    block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
+    k_scale, v_scale, sm_scale,
+    K, stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_ih, stride_it, stride_ik, stride_br, stride_bs,
+    HKV: gl.constexpr, GROUP: gl.constexpr, ROWS: gl.constexpr, K_POW2: gl.constexpr, SPLITS: gl.constexpr,
+    K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr, PREFETCH: gl.constexpr,
+):
+    token = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    pos = gl.load(pos_ptr + token)
+    req = gl.load(req_ptr + token)
+    block, keep, order, num_kept = _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it,
+                                                stride_ik, K_POW2)
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, ROWS, 16])
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float16)
+
+    # Q of the KV head's query heads, fp16, dims in the logical order, as wgmma's B operand (Q^T).
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+    q_dims = cache_index(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout)))
+    q_ptrs = q_ptr + token.to(gl.int64) * stride_qt + (kv_head * GROUP + q_rows)[:, None] * stride_qh + q_dims[None, :]
+    q_smem = gl.allocate_shared_memory(gl.float16, [ROWS, HEAD_DIM], smem_layout)
+    q_smem.store(gl.load(q_ptrs, mask=(q_rows < GROUP)[:, None], other=0.0).to(gl.float16))
+    p_smem = gl.allocate_shared_memory(gl.float16, [ROWS, HEAD_DIM], smem_layout)
+    fence_async_shared()
+
+    # Per thread: its tile rows and code words (WORDS_LAYOUT as TILE_6D), and its scale addresses, reduced over
+    # the register axes they do not depend on (within a thread: no data moves).
+    row_2d = gl.arange(0, PAGE, layout=gl.SliceLayout(1, WORDS_LAYOUT))[:, None]
+    word_2d = gl.arange(0, 16, layout=gl.SliceLayout(0, WORDS_LAYOUT))[None, :]
+    k_words_at = cache_index(row_2d) * ROW_WORDS + word_2d  # K tile row m is key cache_index(m) of the page
+    v_words_at = vt_row_dim(row_2d) * ROW_WORDS + word_2d  # V^T tile row m is dim vt_row_dim(m)
+    row = gl.reshape(row_2d + 0 * word_2d, TILE_6D)
+    word = gl.reshape(word_2d + 0 * row_2d, TILE_6D)
+    key_row = cache_index(row)
+    dim_row = vt_row_dim(row)
+    # A K row's words 4l..4l+3 (lane l % 4) hold dims 32l..32l+31: scale groups 2l, 2l+1, bytes SCALE_OFFSET + 2l.
+    k_scale_row = gl.max(key_row, axis=5)
+    k_scale_byte = gl.max(2 * (word // 4), axis=5)
+    k_byte_shift = 8 * ((word % 4) // 2)
+    # The scales of tokens 8w..8w+7 in group g: bytes 64..71 of V^T row V_SCALE_ROWS_PER_GROUP * g + w.
+    v_scale_row = gl.max(gl.max((dim_row // 16) * V_SCALE_ROWS_PER_GROUP + word, axis=2), axis=0)
+    v_octet = gl.max(gl.max(word, axis=2), axis=0)
+    s_key = cache_index(gl.arange(0, PAGE, layout=gl.SliceLayout(1, mma)))  # S^T row m is key cache_index(m)
+    logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
+
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(0, mma))
+    acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
+    s_init = gl.zeros([PAGE, ROWS], gl.float32, mma)
+    if PREFETCH:  # software pipelining: the next page's bytes are loaded while this one is decoded and multiplied
+        block_n, page_n = _kept_page(block, keep, order, split, req, block_table_ptr, stride_br, stride_bs)
+        k_words_n, k_scales_n, v_words_n, v_lo_n, v_hi_n = _load_page(
+            cache_ptr, page_n, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+    for j in range(split, num_kept, SPLITS):
+        if PREFETCH:
+            block_j, k_words, k_scales, v_words, v_lo, v_hi = block_n, k_words_n, k_scales_n, v_words_n, v_lo_n, v_hi_n
+            block_n, page_n = _kept_page(block, keep, order, j + SPLITS, req, block_table_ptr, stride_br, stride_bs)
+            k_words_n, k_scales_n, v_words_n, v_lo_n, v_hi_n = _load_page(
+                cache_ptr, page_n, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+        else:
+            block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
+            k_words, k_scales, v_words, v_lo, v_hi = _load_page(
+                cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+
+        k_tile = _as_operand(decode_words(k_words, (gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift,)),
+                             operand)
+        s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
+        # Key 128 * block_j <= pos is visible to every head: no max stays -inf.
+        visible = (block_j * PAGE + s_key) <= pos
+        p_t, alpha, m_i, l_i = online_softmax_step(s_t, visible[:, None], logit_scale, m_i, l_i,
+                                                   KEY_AXIS=0, ROWS_MAY_SEE_NOTHING=False)
+        p_smem.store(gl.permute(p_t.to(gl.float16), (1, 0)))
+        fence_async_shared()
+        lo_mask, hi_mask = live_token_masks(v_octet, pos - block_j * PAGE + 1)
+        v_scales = (gl.expand_dims(gl.expand_dims(v_lo & lo_mask, 0), 2),
+                    gl.expand_dims(gl.expand_dims(v_hi & hi_mask, 0), 2))
+        vt_tile = _as_operand(decode_words(v_words, v_scales), operand)
+        acc_t = warpgroup_mma(vt_tile, p_smem.permute((1, 0)), acc_t * alpha[None, :])  # [128 dims, ROWS]
+
+    dims = vt_row_dim(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, mma)))[:, None]  # dim of each acc_t row
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma))
+    if SPLITS == 1:
+        norm = gl.where(l_i > 0, TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER) / gl.where(l_i > 0, l_i, 1.0), 0.0)
+        out_rows = out_ptr + token.to(gl.int64) * stride_ot + (kv_head * GROUP + rows)[None, :] * stride_oh
+        gl.store(out_rows + dims, (acc_t * norm[None, :]).to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[None, :])
+    else:
+        # The Triton decode's partials, which its combine kernel merges: column c of a row holds dim vt_tile_dim(c).
+        part = (token.to(gl.int64) * HKV + kv_head) * SPLITS + split
+        column = 16 * (dims % 8) + 2 * (dims // 16) + (dims // 8) % 2
+        gl.store(part_acc_ptr + part * ROWS * HEAD_DIM + rows[None, :] * HEAD_DIM + column, acc_t)
+        gl.store(part_stats_ptr + part * 2 * ROWS + rows, m_i)
+        gl.store(part_stats_ptr + part * 2 * ROWS + ROWS + rows, l_i)
+
+
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
+           splits: int | None = None, prefetch: bool | None = None):
+    """Sparse decode on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_decode`); arguments as validated by the
+    dispatcher and as in :func:`.triton_decode.launch`, the layer within :func:`supports`; ``splits`` and
+    ``prefetch`` (the benchmark's knobs) default to :func:`decode_config`. Returns ``out``."""
+    t, h, _ = q.shape
+    hkv = cache.shape[1] // 2
+    group = h // hkv
+    if t == 0:
+        return out
+    width = block_ids.shape[2]
+    default_splits, default_prefetch = decode_config(width)
+    splits = default_splits if splits is None else splits
+    prefetch = default_prefetch if prefetch is None else prefetch
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"splits must be a power of two, got {splits}")
+    rows = max(triton_decode.MIN_DOT_ROWS, triton.next_power_of_2(group))
+    if splits > 1:
+        part_acc = torch.empty((t, hkv, splits, rows, HEAD_DIM), dtype=torch.float32, device=q.device)
+        part_stats = torch.empty((t, hkv, splits, 2, rows), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_stats = out  # unused
+    k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
+    prefetch = prefetch and rows <= 16  # with 32 rows the prefetched bytes spill
+    _sparse_decode_kernel[(t, hkv, splits)](
+        q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
+        k_scale, v_scale, float(sm_scale),
+        width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
+        HKV=hkv, GROUP=group, ROWS=rows, K_POW2=max(2, triton.next_power_of_2(width)), SPLITS=splits,
+        K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer, PREFETCH=prefetch,
+        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, splits, prefetch),
+    )
+    if splits > 1:
+        triton_decode.combine_splits(out, part_acc, part_stats, v_scale, hkv, group, rows, splits)
+    return out

@@ -1,0 +1,156 @@
+"""The Gluon decode for Hopper (``sglang_nvfp4.kernels.gluon_decode``).
+
+Gluon has no interpreter, so its CPU twin is a compile check: on any host the kernel is compiled for sm_90 with
+the installed Triton and its PTX must show the design (wgmma with register A operands fed by the inline PTX
+decoders, no tile staged through shared memory, no spills). On a Hopper GPU (marked ``gpu``) the kernel is compared with
+the reference and with the Triton decode: NaN-poisoned outputs, garbage (often E4M3 NaN) bytes past every
+request's last token, -1 and repeated ids, blocks past the position, 1 to 32 heads per KV head, every split
+count, q in bf16/fp16/fp32, scales by value and on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from sglang_nvfp4 import format as fmt
+from sglang_nvfp4.kernels import gluon_decode, triton_decode
+
+ON_HOPPER = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (sm_90) GPU")
+DEV = "cuda"
+
+
+def _signature(q_dtype: str, by_pointer: bool) -> dict:
+    ptr_scale = "*fp32" if by_pointer else "fp32"
+    sig = {"q_ptr": q_dtype, "out_ptr": q_dtype, "part_acc_ptr": "*fp32", "part_stats_ptr": "*fp32", "cache_ptr": "*u8"}
+    sig.update({name: "*i32" for name in ("block_ids_ptr", "block_table_ptr", "req_ptr", "pos_ptr")})
+    sig.update({"k_scale": ptr_scale, "v_scale": ptr_scale, "sm_scale": "fp32"})
+    sig.update({name: "i32" for name in ("K", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_ih",
+                                         "stride_it", "stride_ik", "stride_br", "stride_bs")})
+    sig.update({name: "constexpr" for name in ("HKV", "GROUP", "ROWS", "K_POW2", "SPLITS", "K_SCALE_BY_POINTER",
+                                               "V_SCALE_BY_POINTER", "PREFETCH")})
+    return sig
+
+
+def _stack_bytes(cubin: bytes) -> int:
+    """Per-thread stack of the kernel in ``cubin`` (spilled registers), from the CUDA binary tools in Triton's wheel."""
+    import pathlib
+    import re
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nvidia
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(pathlib.Path(nvidia.__file__).parent / "bin" / "cuobjdump"), "-res-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
+@pytest.mark.parametrize("group, width, splits, prefetch, by_pointer", [
+    (16, 32, *gluon_decode.decode_config(32), True), (16, 16, *gluon_decode.decode_config(16), True),
+    (16, 64, 1, True, False), (8, 16, 1, False, False), (32, 64, 2, False, True),
+])
+def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
+    """What ``launch`` compiles (32 rows: no prefetch), with its register cap."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    rows = max(16, triton.next_power_of_2(group))
+    constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": triton.next_power_of_2(width), "SPLITS": splits,
+                  "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer, "PREFETCH": prefetch}
+    src = GluonASTSource(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": gluon_decode.NUM_WARPS.value,
+                                       "maxnreg": gluon_decode.max_registers(rows, splits, prefetch)})
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
+    assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
+    # The decoded tiles go to wgmma from registers: a layout change through shared memory would read the two
+    # 128 x 128 fp16 tiles back with 32 or more 16-byte loads per thread. The kernel reads only reduction scratch
+    # and the selection (wgmma reads Q^T and P^T itself).
+    assert ptx.count("ld.shared") + ptx.count("ldmatrix") < 32
+    assert compiled.metadata.shared <= 2 * rows * fmt.HEAD_DIM * 2 + 1024  # fp16 Q^T and P^T, and reduction scratch
+
+
+@pytest.mark.parametrize("heads, kv_heads, want", [(64, 4, True), (16, 1, True), (4, 4, True), (128, 4, True),
+                                                   (256, 4, False)])
+def test_supported_shapes(heads, kv_heads, want):
+    assert gluon_decode.supports(heads, kv_heads, 32) is want
+
+
+def _decode_problem(seed, lens, heads, kv_heads, width, q_dtype=torch.bfloat16):
+    from test_kernels_gpu import filled_cache, random_selection
+
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    cache, block_table = filled_cache(lens, kv_heads, gen)
+    pos = torch.tensor(lens, device=DEV).int() - 1
+    req = torch.arange(len(lens), device=DEV).int()
+    last_block = torch.tensor([(n - 1) // fmt.PAGE_SIZE for n in lens], device=DEV)
+    block_ids = random_selection(pos, last_block, kv_heads, width, gen)
+    q = (torch.randn(len(lens), heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).to(q_dtype)
+    return q, cache, block_ids, block_table, req, pos
+
+
+def _rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("lens, heads, kv_heads, width, splits", [
+    ([32768 - 37 * r for r in range(64)], 64, 4, 32, 8),  # the default budget at 32K
+    ([9000, 130, 1, 4097], 64, 4, 16, 1),  # partial last pages, a one-token request
+    ([131072, 5000], 16, 1, 64, 2),  # 16/1 at the widest budget
+    ([20000, 7000, 3000], 32, 4, 32, 8),  # 8 heads per KV head
+    ([6000, 333], 40, 4, 16, 4),  # 10 heads per KV head: padded rows
+    ([6000, 2000], 4, 4, 32, 4),  # 1 head per KV head
+    ([6000, 2000], 128, 4, 16, 4),  # 32 heads per KV head
+])
+@pytest.mark.parametrize("scales_on_device, prefetch", [(False, False), (True, True)])
+def test_matches_the_reference_and_the_triton_decode(lens, heads, kv_heads, width, splits, scales_on_device,
+                                                     prefetch):
+    from sglang_nvfp4.reference import sparse_prefill_reference
+
+    q, cache, block_ids, block_table, req, pos = _decode_problem(len(lens) + heads + width, lens, heads, kv_heads, width)
+    assert gluon_decode.supports(heads, kv_heads, width)
+    k_scale, v_scale = 0.5, 2.0
+    if scales_on_device:
+        k_scale, v_scale = torch.tensor([k_scale], device=DEV), torch.tensor([v_scale], device=DEV)
+    args = (q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5)
+    out = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=prefetch)
+    assert not out.isnan().any()
+    want = sparse_prefill_reference(*args)
+    assert _rel_err(out, want) < 6e-3  # bf16 output rounding dominates, as for the Triton decode
+    triton_out = triton_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits)
+    assert _rel_err(out, triton_out) < 4e-3
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32])
+def test_query_dtypes(q_dtype):
+    from sglang_nvfp4.reference import sparse_prefill_reference
+
+    q, cache, block_ids, block_table, req, pos = _decode_problem(7, [3000, 700], 64, 4, 32, q_dtype)
+    args = (q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    out = gluon_decode.launch(*args, torch.full_like(q, float("nan")))
+    assert out.dtype == q_dtype and _rel_err(out, sparse_prefill_reference(*args)) < 6e-3
+
+
+@pytest.mark.gpu
+@hopper_only
+def test_dispatcher_serves_hopper_decode_with_gluon():
+    from sglang_nvfp4 import kernels
+
+    q, cache, block_ids, block_table, req, pos = _decode_problem(3, [2000, 9000], 64, 4, 32)
+    plan = kernels.plan_attention("decode", block_table, req, pos, num_kv_heads=4)
+    assert plan.implementation == "gluon"
+    via_plan = plan.run(q, cache, block_ids, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    direct = gluon_decode.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5,
+                                 torch.full_like(q, float("nan")))
+    assert torch.equal(via_plan, direct)
