@@ -2,7 +2,7 @@
 
 Gluon has no interpreter, so its CPU twin is a compile check: on any host the kernel is compiled for sm_90 with
 the installed Triton and its PTX must show the design (wgmma with register A operands fed by the inline PTX
-decoders, no tile staged through shared memory, no spills). On a Hopper GPU (marked ``gpu``) the kernel is compared with
+decoders, no spills), and a decoded tile must reach wgmma's operand layout without moving data. On a Hopper GPU (marked ``gpu``) the kernel is compared with
 the reference and with the Triton decode: NaN-poisoned outputs, garbage (often E4M3 NaN) bytes past every
 request's last token, -1 and repeated ids, blocks past the position, 1 to 32 heads per KV head, every split
 count, q in bf16/fp16/fp32, scales by value and on the device.
@@ -14,8 +14,12 @@ import pytest
 import torch
 import triton
 
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.kernels import gluon_decode, triton_decode
+from sglang_nvfp4.kernels.gluon_common import decode_words
 
 ON_HOPPER = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (sm_90) GPU")
@@ -70,11 +74,36 @@ def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
     assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
-    # The decoded tiles go to wgmma from registers: a layout change through shared memory would read the two
-    # 128 x 128 fp16 tiles back with 32 or more 16-byte loads per thread. The kernel reads only reduction scratch
-    # and the selection (wgmma reads Q^T and P^T itself).
-    assert ptx.count("ld.shared") + ptx.count("ldmatrix") < 32
     assert compiled.metadata.shared <= 2 * rows * fmt.HEAD_DIM * 2 + 1024  # fp16 Q^T and P^T, and reduction scratch
+
+
+@gluon.jit
+def _decoded_tile_kernel(words_ptr, out_ptr):
+    """One tile's code words, loaded in ``WORDS_LAYOUT``, decoded and put in wgmma's A-operand layout, stored."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    row = gl.arange(0, 128, layout=gl.SliceLayout(1, gluon_decode.WORDS_LAYOUT))[:, None]
+    word = gl.arange(0, 16, layout=gl.SliceLayout(0, gluon_decode.WORDS_LAYOUT))[None, :]
+    words = gl.load(words_ptr + row * 16 + word)
+    scales = (gl.reshape(words >> 24, gluon_decode.TILE_6D),)
+    tile = gluon_decode._as_operand(decode_words(gl.reshape(words, gluon_decode.TILE_6D), scales), operand)
+    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, operand))[:, None]
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, operand))[None, :]
+    gl.store(out_ptr + rows * 128 + cols, tile)
+
+
+def test_decoded_tiles_reach_the_wgmma_operand_layout_without_moving_data():
+    """The design's premise: the words each thread loads decode into exactly the values its wgmma A-operand
+    registers hold, so the layout change after decoding is a renaming of registers. A mismatch (another thread
+    layout of the words, another column order) compiles to shared-memory staging or warp shuffles."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    src = GluonASTSource(_decoded_tile_kernel, {"words_ptr": "*u32", "out_ptr": "*fp16"}, {})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert ptx.count("cvt.rn.f16x2.e4m3x2") >= 16 * 4  # the tile was decoded
+    for data_movement in ("st.shared", "ld.shared", "ldmatrix", "stmatrix", "shfl"):
+        assert data_movement not in ptx, data_movement
 
 
 @pytest.mark.parametrize("heads, kv_heads, want", [(64, 4, True), (16, 1, True), (4, 4, True), (128, 4, True),
