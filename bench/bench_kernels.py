@@ -32,8 +32,8 @@ FlashInfer compiles its kernels on first use: ``flashinfer.first_call_s`` record
 Decode splits (first, on a cold Triton cache): every fixed split count {1, 2, 4, 8, 16} at batch
 {1, 8, 32, 64, 256} and 32K context (``decode_splits``; ``split_first_call_s``: the first launch of each
 split count, compile included), the data behind ``triton_decode.DECODE_SPLITS``, at ``--split-topk`` ids per
-token; on Hopper the Gluon decode's times per split count too (``gluon_us``; ``gluon_prefetch_us`` with its
-next-page prefetch), the data behind ``gluon_decode.decode_config``.
+token; on Hopper the Gluon decode's times per split count too (``gluon_us``), the data behind
+``gluon_decode.DECODE_SPLITS``.
 """
 
 from __future__ import annotations
@@ -409,17 +409,15 @@ def decode_dense_peers(batch, ctx, fi, gen) -> dict:
 
 
 def decode_kernels(args, moved, copy_gbps) -> dict:
-    """On Hopper, both decode kernels on the same problem: ``triton_us`` / ``gluon_us`` (and the Gluon kernel with
-    its next-page prefetch, ``gluon_prefetch_us``), their fraction of copy bandwidth and the relative difference of
-    their outputs (``{}`` elsewhere)."""
+    """On Hopper, both decode kernels on the same problem: ``triton_us`` / ``gluon_us``, their fraction of copy
+    bandwidth and the relative difference of their outputs (``{}`` elsewhere)."""
     if kernels.plan_attention("decode", args[3], args[4], args[5], num_kv_heads=args[1].shape[1] // 2).implementation \
             != "gluon":
         return {}
     from sglang_nvfp4.kernels import gluon_decode
 
     rec, outs = {}, {}
-    prefetch = lambda *a: gluon_decode.launch(*a, prefetch=True)  # noqa: E731
-    for name, launch in (("triton", triton_decode.launch), ("gluon", gluon_decode.launch), ("gluon_prefetch", prefetch)):
+    for name, launch in (("triton", triton_decode.launch), ("gluon", gluon_decode.launch)):
         outs[name] = torch.full_like(args[0], float("nan"))
         launch(*args, outs[name])
         rec[f"{name}_us"] = 1e3 * graph_ms(lambda: launch(*args, outs[name]))
@@ -443,7 +441,7 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None, topk=fmt.TOPK):
     if row["implementation"] == "gluon":
         from sglang_nvfp4.kernels import gluon_decode
 
-        row["splits"], row["prefetch"] = gluon_decode.decode_config(topk)
+        row["splits"] = gluon_decode.DECODE_SPLITS
     else:
         row["splits"] = triton_decode.DECODE_SPLITS
     row["ms"] = graph_ms(lambda: kernels.sparse_decode(*args, out=out))
@@ -482,7 +480,6 @@ def run_split_sweep(results, out, topk=fmt.TOPK):
             from sglang_nvfp4.kernels import gluon_decode
 
             launches["gluon_us"] = gluon_decode.launch
-            launches["gluon_prefetch_us"] = lambda *a, splits: gluon_decode.launch(*a, splits=splits, prefetch=True)
         for key, launch in launches.items():
             row[key] = {}
             for splits in SPLIT_SWEEP:
@@ -510,7 +507,6 @@ def run_decode(results, copy_gbps, out, fi=None, topks=(fmt.TOPK,), batches=DECO
         else:
             kernels_note = (f"; triton {row['triton_us']:.1f} us ({100 * row['triton_fraction_of_copy']:.0f}%), "
                             f"gluon {row['gluon_us']:.1f} us ({100 * row['gluon_fraction_of_copy']:.0f}%), "
-                            f"gluon with prefetch {row['gluon_prefetch_us']:.1f} us, "
                             f"rel diff {row['gluon_vs_triton_rel_diff']:.1e}" if "gluon_us" in row else "")
             log(f"[{i + 1}/{len(cases)}] decode batch={batch} ctx={ctx} top{topk} [{row['implementation']}]: "
                 f"{row['ms'] * 1e3:.1f} us, {row['GBps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), "

@@ -5,7 +5,8 @@ the installed Triton and its PTX must show the design (wgmma with register A ope
 decoders, no spills), and a decoded tile must reach wgmma's operand layout without moving data. On a Hopper GPU (marked ``gpu``) the kernel is compared with
 the reference and with the Triton decode: NaN-poisoned outputs, garbage (often E4M3 NaN) bytes past every
 request's last token, -1 and repeated ids, blocks past the position, 1 to 32 heads per KV head, every split
-count, q in bf16/fp16/fp32, scales by value and on the device.
+count, q in bf16/fp16/fp32, scales by value and on the device. Batch invariance and CUDA-graph replay of the
+decode are tested through the dispatcher (``tests/test_kernels_gpu.py``), which serves Hopper with this kernel.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _signature(q_dtype: str, by_pointer: bool) -> dict:
     sig.update({name: "i32" for name in ("K", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_ih",
                                          "stride_it", "stride_ik", "stride_br", "stride_bs")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "ROWS", "K_POW2", "SPLITS", "K_SCALE_BY_POINTER",
-                                               "V_SCALE_BY_POINTER", "PREFETCH")})
+                                               "V_SCALE_BY_POINTER")})
     return sig
 
 
@@ -55,22 +56,22 @@ def _stack_bytes(cubin: bytes) -> int:
     return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
-@pytest.mark.parametrize("group, width, splits, prefetch, by_pointer", [
-    (16, 32, *gluon_decode.decode_config(32), True), (16, 16, *gluon_decode.decode_config(16), True),
-    (16, 64, 1, True, False), (8, 16, 1, False, False), (32, 64, 2, False, True),
+@pytest.mark.parametrize("group, width, splits, by_pointer", [
+    (16, 32, gluon_decode.DECODE_SPLITS, True), (16, 16, gluon_decode.DECODE_SPLITS, False), (16, 64, 1, False),
+    (8, 16, 1, False), (32, 64, 2, True),
 ])
-def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
-    """What ``launch`` compiles (32 rows: no prefetch), with its register cap."""
+def test_compiles_for_hopper(group, width, splits, by_pointer):
+    """What ``launch`` compiles, with its register cap."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     rows = max(16, triton.next_power_of_2(group))
-    constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": triton.next_power_of_2(width), "SPLITS": splits,
-                  "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer, "PREFETCH": prefetch}
+    constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": gluon_decode.selection_slots(width), "SPLITS": splits,
+                  "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
     src = GluonASTSource(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": gluon_decode.NUM_WARPS.value,
-                                       "maxnreg": gluon_decode.max_registers(rows, splits, prefetch)})
+                                       "maxnreg": gluon_decode.max_registers(rows, splits)})
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
     assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
@@ -132,7 +133,7 @@ def _rel_err(a, b):
 @pytest.mark.gpu
 @hopper_only
 @pytest.mark.parametrize("lens, heads, kv_heads, width, splits", [
-    ([32768 - 37 * r for r in range(64)], 64, 4, 32, 8),  # the default budget at 32K
+    ([32768 - 37 * r for r in range(64)], 64, 4, 32, gluon_decode.DECODE_SPLITS),  # the default budget at 32K
     ([9000, 130, 1, 4097], 64, 4, 16, 1),  # partial last pages, a one-token request
     ([131072, 5000], 16, 1, 64, 2),  # 16/1 at the widest budget
     ([20000, 7000, 3000], 32, 4, 32, 8),  # 8 heads per KV head
@@ -140,9 +141,8 @@ def _rel_err(a, b):
     ([6000, 2000], 4, 4, 32, 4),  # 1 head per KV head
     ([6000, 2000], 128, 4, 16, 4),  # 32 heads per KV head
 ])
-@pytest.mark.parametrize("scales_on_device, prefetch", [(False, False), (True, True)])
-def test_matches_the_reference_and_the_triton_decode(lens, heads, kv_heads, width, splits, scales_on_device,
-                                                     prefetch):
+@pytest.mark.parametrize("scales_on_device", [False, True])
+def test_matches_the_reference_and_the_triton_decode(lens, heads, kv_heads, width, splits, scales_on_device):
     from sglang_nvfp4.reference import sparse_prefill_reference
 
     q, cache, block_ids, block_table, req, pos = _decode_problem(len(lens) + heads + width, lens, heads, kv_heads, width)
@@ -151,7 +151,7 @@ def test_matches_the_reference_and_the_triton_decode(lens, heads, kv_heads, widt
     if scales_on_device:
         k_scale, v_scale = torch.tensor([k_scale], device=DEV), torch.tensor([v_scale], device=DEV)
     args = (q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5)
-    out = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=prefetch)
+    out = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits)
     assert not out.isnan().any()
     want = sparse_prefill_reference(*args)
     assert _rel_err(out, want) < 6e-3  # bf16 output rounding dominates, as for the Triton decode

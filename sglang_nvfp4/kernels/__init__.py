@@ -108,7 +108,7 @@ def _gluon_serves(device: torch.device) -> bool:
         return False
     try:
         from . import gluon_decode, gluon_prefill  # noqa: F401
-    except ImportError:
+    except (ImportError, AttributeError, TypeError):  # no Gluon, or a Gluon without the layouts these kernels use
         return False
     return True
 
@@ -148,19 +148,17 @@ class AttentionPlan:
         self.kind, self.implementation = kind, implementation
         self.block_table, self.req, self.pos = block_table, req, pos
         self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
-        self._launch = self._launcher(implementation)
-        # Gluon and FlyDSL serve the layers whose shape they support; the others fall back to Triton.
-        self._supports = None
         if implementation == "gluon" and not _gluon_serves(block_table.device):
             raise ValueError(f"{FORCE_ENV}=gluon: the Gluon kernels need an NVIDIA sm_90 GPU and a Triton with "
                              f"Gluon's Hopper API; the plan is for {block_table.device}")
+        self._launch = self._launcher(implementation)
+        # Gluon and FlyDSL serve the layers whose shape they support; the others fall back to Triton.
+        self._supports = None
         if (implementation, kind) in _PARTIAL:
             self._supports, self._fallback = self._module(implementation).supports, self._launcher("triton")
 
     def _module(self, implementation: str):
-        """The kernel module of ``implementation`` for this plan's kind."""
-        if implementation == "reference":
-            return None
+        """The kernel module of ``implementation`` (not the reference) for this plan's kind."""
         name = _PARTIAL.get((implementation, self.kind)) or f"triton_{self.kind}"
         return importlib.import_module(f".{name}", __name__)
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .. import format as fmt
 from .triton_common import E2M1_WORD_TO_F16X2_PTX
+
+SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's 8 scale bytes, as 2 little-endian words from this word on
 
 # One code word ($8) and its scale operands ($9; V^T also $10) in, 8 fp16 values out in code order ($0..$7).
 _CODES_TO_E4M3 = """

@@ -1,6 +1,6 @@
 """Sparse decode for Hopper (sm_90), in Gluon: decoded pages go straight into wgmma's register operands.
 Same contract (:mod:`sglang_nvfp4.reference`), grid, split schedule and split combine as :mod:`.triton_decode`
-(with its own split count per selection width, :func:`decode_config`); entry point :func:`launch`.
+(with its own fixed split count, :data:`DECODE_SPLITS`); entry point :func:`launch`.
 
 Why a second decode kernel. Decode multiplies each decoded page by one token's query heads only, so it is
 bound by decoding, not by the tensor cores. The Triton kernel decodes a tile in a blocked layout and Triton
@@ -41,9 +41,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .. import format as fmt
 from . import triton_decode
-from .gluon_common import decode_words, live_token_masks
+from .gluon_common import SCALE_WORD, decode_words, live_token_masks
 from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
@@ -61,27 +60,26 @@ MAX_GROUP = 32  # query heads per KV head (wgmma's N: the fp32 S^T and O^T grow 
 NUM_WARPS = gl.constexpr(4)  # one warpgroup
 
 
-def decode_config(width: int) -> tuple[int, bool]:
-    """``(splits, prefetch)`` for a layer whose selection has ``width`` ids per token: programs per (token, KV head),
-    the same for every batch size (batch invariance), and whether each program loads the next page's bytes while
-    it decodes one (up to 16 rows; up to 255 registers, 2 programs per multiprocessor instead of 3).
-
-    Chosen on the H200 at 32K context, batch 1-256, as the setting with the smallest worst case against the best
-    setting of each batch size (``bench/results/decode_gluon_h200.md``): at top-32 (the default) 8 splits without
-    prefetch (1.23x; 4 splits with prefetch: 1.45x), at top-16 4 splits with prefetch, both 4 kept pages per
-    program. Wider selections keep top-32's setting (not swept)."""
-    return (4, True) if width <= 16 else (8, False)
+# Splits per (token, KV head), the same for every batch and every selection width: a token's partial sums, and so
+# its output bits, must not depend on the other requests of its batch, and a dense layer's selection is as wide as
+# the batch's longest request. Swept on the H200 at the default top-32, 32K context, batch 1-256: 8 splits have
+# the smallest worst case against the best setting of each batch size, 1.23x (bench/results/decode_gluon_h200.md).
+DECODE_SPLITS = 8
 
 
-def max_registers(rows: int, splits: int, prefetch: bool) -> int:
-    """Register cap per thread: 168 (3 programs per multiprocessor, as the Triton decode) where that does not
-    spill (16 rows, split partials, no prefetch), else 255 (2 programs; with 232-248 the prefetch spills a few
-    bytes under one Triton version or the other). Checked without spills by
-    ``tests/test_gluon_decode.py`` (Triton 3.8 here, 3.6 on the GPU host)."""
-    return 168 if rows <= 16 and splits > 1 and not prefetch else 255
+def selection_slots(width: int) -> int:
+    """Slots the kernel reads of a token's ``width`` ids (padded with -1): a power of two, at least 32 (with 16 slots
+    the selection's replicated lanes cost registers, and the kernel spills under the 168-register cap)."""
+    return max(32, triton.next_power_of_2(width))
 
 
-SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's scale bytes as 2 little-endian words from here
+def max_registers(rows: int, splits: int) -> int:
+    """Register cap per thread: 168 (3 programs per multiprocessor, as the Triton decode) with 16 rows and split
+    partials (the dispatcher's case), else 232 (2 programs). ``tests/test_gluon_decode.py`` checks that neither
+    spills, with the installed Triton (CI: 3.8; the GPU host has 3.6)."""
+    return 168 if rows <= 16 and splits > 1 else 232
+
+
 
 
 def supports(heads: int, kv_heads: int, width: int) -> bool:
@@ -160,7 +158,8 @@ def _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it, st
     keep = (block_i >= 0) & (block_i * PAGE <= pos) & (gl.max(repeat.to(gl.int32), axis=1) == 0)
     keep_j = gl.convert_layout(keep, gl.SliceLayout(0, layout))
     order = gl.sum((keep_j[None, :] & earlier).to(gl.int32), axis=1)
-    # Every warp holds the whole selection: picking the j-th kept block is then a reduction within a warp.
+    # Every warp holds the whole selection (one or two ids per lane): picking the j-th kept block is then a
+    # reduction within a warp.
     everywhere: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
     keep = gl.convert_layout(keep, everywhere)
     return (gl.convert_layout(block_i, everywhere), keep, gl.convert_layout(order, everywhere),
@@ -169,7 +168,7 @@ def _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it, st
 
 @gluon.jit
 def _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs):
-    """Block and page of the ``j``-th kept block; past the last one, block 0 (always mapped: a harmless prefetch)."""
+    """Block and page of the ``j``-th kept block (``j`` below the number kept)."""
     block_j = gl.sum(gl.where(keep & (order == j), block, 0), axis=0)
     return block_j, gl.load(block_table_ptr + req.to(gl.int64) * stride_br + block_j * stride_bs)
 
@@ -182,7 +181,7 @@ def _sparse_decode_kernel(
     K, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_ih, stride_it, stride_ik, stride_br, stride_bs,
     HKV: gl.constexpr, GROUP: gl.constexpr, ROWS: gl.constexpr, K_POW2: gl.constexpr, SPLITS: gl.constexpr,
-    K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr, PREFETCH: gl.constexpr,
+    K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
 ):
     token = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -231,21 +230,10 @@ def _sparse_decode_kernel(
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(0, mma))
     acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
     s_init = gl.zeros([PAGE, ROWS], gl.float32, mma)
-    if PREFETCH:  # software pipelining: the next page's bytes are loaded while this one is decoded and multiplied
-        block_n, page_n = _kept_page(block, keep, order, split, req, block_table_ptr, stride_br, stride_bs)
-        k_words_n, k_scales_n, v_words_n, v_lo_n, v_hi_n = _load_page(
-            cache_ptr, page_n, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
     for j in range(split, num_kept, SPLITS):
-        if PREFETCH:
-            block_j, k_words, k_scales, v_words, v_lo, v_hi = block_n, k_words_n, k_scales_n, v_words_n, v_lo_n, v_hi_n
-            block_n, page_n = _kept_page(block, keep, order, j + SPLITS, req, block_table_ptr, stride_br, stride_bs)
-            k_words_n, k_scales_n, v_words_n, v_lo_n, v_hi_n = _load_page(
-                cache_ptr, page_n, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
-        else:
-            block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
-            k_words, k_scales, v_words, v_lo, v_hi = _load_page(
-                cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
-
+        block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
+        k_words, k_scales, v_words, v_lo, v_hi = _load_page(
+            cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
         k_tile = _as_operand(decode_words(k_words, (gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift,)),
                              operand)
         s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
@@ -277,19 +265,17 @@ def _sparse_decode_kernel(
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
-           splits: int | None = None, prefetch: bool | None = None):
+           splits: int = DECODE_SPLITS):
     """Sparse decode on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_decode`); arguments as validated by the
-    dispatcher and as in :func:`.triton_decode.launch`, the layer within :func:`supports`; ``splits`` and
-    ``prefetch`` (the benchmark's knobs) default to :func:`decode_config`. Returns ``out``."""
+    dispatcher and as in :func:`.triton_decode.launch`, the layer within :func:`supports`; ``splits``: programs per
+    (token, KV head), a power of two (the benchmark's knob; any fixed value keeps the output batch-invariant).
+    Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
     if t == 0:
         return out
     width = block_ids.shape[2]
-    default_splits, default_prefetch = decode_config(width)
-    splits = default_splits if splits is None else splits
-    prefetch = default_prefetch if prefetch is None else prefetch
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"splits must be a power of two, got {splits}")
     rows = max(triton_decode.MIN_DOT_ROWS, triton.next_power_of_2(group))
@@ -299,14 +285,13 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     else:
         part_acc = part_stats = out  # unused
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
-    prefetch = prefetch and rows <= 16  # with 32 rows the prefetched bytes spill
     _sparse_decode_kernel[(t, hkv, splits)](
         q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
         k_scale, v_scale, float(sm_scale),
         width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
-        HKV=hkv, GROUP=group, ROWS=rows, K_POW2=max(2, triton.next_power_of_2(width)), SPLITS=splits,
-        K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer, PREFETCH=prefetch,
-        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, splits, prefetch),
+        HKV=hkv, GROUP=group, ROWS=rows, K_POW2=selection_slots(width), SPLITS=splits,
+        K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer,
+        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, splits),
     )
     if splits > 1:
         triton_decode.combine_splits(out, part_acc, part_stats, v_scale, hkv, group, rows, splits)

@@ -41,9 +41,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
-from .. import format as fmt
 from . import triton_prefill
-from .gluon_common import decode_words, live_token_masks
+from .gluon_common import SCALE_WORD, decode_words, live_token_masks
 from .triton_common import (  # layout constants (Gluon constexprs too), the decoder, softmax and scale helpers
     BLOCK_WORDS,
     CODE_WORDS,
@@ -67,9 +66,6 @@ MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padde
 MAX_REGS = 168
 PRODUCER_REGS = gl.constexpr(120)
 CONSUMER_REGS = gl.constexpr(192)
-
-SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's scale bytes as 2 little-endian words from here
-
 
 def supports(heads: int, kv_heads: int, width: int) -> bool:
     """Whether this kernel serves a layer (on an sm_90 device, which the dispatcher checks): 8..64 query

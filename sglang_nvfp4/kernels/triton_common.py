@@ -61,7 +61,7 @@ INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 # The 8 codes of one word ($8) -> f16x2 registers p0..p3 (codes 0-1, 2-3, 4-5, 6-7), each value e2m1 * 2**-6:
 # planes of E4M3 bytes for the even codes (e) and the odd codes (o), byte-interleaved back into code order,
 # converted two at a time. Scratch registers e, o, t, a, b (b32) and h0, h1 (b16), declared by the caller.
-# Shared with the Gluon prefill's decoders (gluon_prefill.py).
+# Shared with the Gluon kernels' decoders (gluon_common.py).
 E2M1_WORD_TO_F16X2_PTX = """
 shl.b32 t, $8, 2; and.b32 e, t, 0x1C1C1C1C; shl.b32 t, $8, 4; lop3.b32 e, e, t, 0x80808080, 0xF8;
 shr.b32 t, $8, 2; and.b32 o, t, 0x1C1C1C1C; lop3.b32 o, o, $8, 0x80808080, 0xF8;

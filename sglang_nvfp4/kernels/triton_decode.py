@@ -9,8 +9,10 @@ kept block). ``SPLITS`` is the same for every batch (:data:`DECODE_SPLITS`): a t
 so its output, do not depend on how many other requests share the batch (batch invariance), and the
 kernel compiles once for all batch sizes. The products are transposed, ``S^T = K.Q^T`` and
 ``O^T += V^T.P^T``: keys and dims sit on the matrix unit's M side (128 rows, Hopper's wgmma) and the
-heads on N, so the decoded tiles are used from registers and only ``Q^T`` and the small ``P^T`` pass
-through shared memory.
+heads on N, so the decoded tiles are the register A operands. Triton decodes them in a blocked layout
+and converts them to the operand layout through shared memory, which bounds this kernel on Hopper
+(``bench/results/kernels_h200.md``); there the dispatcher runs :mod:`.gluon_decode` instead, which
+decodes straight into the operand layout.
 With ``SPLITS > 1`` each program writes its partial ``(acc, max, sum)`` and ``_combine_splits_kernel``
 merges them in split order (a split with no block adds exact zeros). The softmax step and the
 final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
