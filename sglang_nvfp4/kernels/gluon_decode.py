@@ -276,14 +276,7 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     if t == 0:
         return out
     width = block_ids.shape[2]
-    if splits < 1 or splits & (splits - 1):
-        raise ValueError(f"splits must be a power of two, got {splits}")
-    rows = max(triton_decode.MIN_DOT_ROWS, triton.next_power_of_2(group))
-    if splits > 1:
-        part_acc = torch.empty((t, hkv, splits, rows, HEAD_DIM), dtype=torch.float32, device=q.device)
-        part_stats = torch.empty((t, hkv, splits, 2, rows), dtype=torch.float32, device=q.device)
-    else:
-        part_acc = part_stats = out  # unused
+    rows, part_acc, part_stats = triton_decode.split_partials(out, hkv, group, splits)
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     _sparse_decode_kernel[(t, hkv, splits)](
         q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),

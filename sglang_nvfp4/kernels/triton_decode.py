@@ -157,14 +157,7 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     if t == 0:
         return out
     width = block_ids.shape[2]
-    if splits < 1 or splits & (splits - 1):
-        raise ValueError(f"splits must be a power of two, got {splits}")
-    rows = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
-    if splits > 1:
-        part_acc = torch.empty((t, hkv, splits, rows, HEAD_DIM), dtype=torch.float32, device=q.device)
-        part_stats = torch.empty((t, hkv, splits, 2, rows), dtype=torch.float32, device=q.device)
-    else:
-        part_acc = part_stats = out  # unused
+    rows, part_acc, part_stats = split_partials(out, hkv, group, splits)
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     register_cap = {"maxnreg": max_registers} if uses_ptx(q.device) and max_registers else {}
     _sparse_decode_kernel[(t, hkv, splits)](
@@ -178,6 +171,22 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     if splits > 1:
         combine_splits(out, part_acc, part_stats, v_scale, hkv, group, rows, splits)
     return out
+
+
+def split_partials(out, hkv: int, group: int, splits: int):
+    """The split schedule's buffers for ``out [T, H, 128]``: ``(rows, part_acc, part_stats)`` as
+    :func:`combine_splits` reads them, ``rows`` the query heads per KV head padded for ``tl.dot``. One split needs
+    none (``out`` stands in, unused). ``ValueError`` unless ``splits`` is a power of two. The Gluon decode uses the
+    same buffers."""
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"splits must be a power of two, got {splits}")
+    rows = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
+    if splits == 1:
+        return rows, out, out
+    t = out.shape[0]
+    part_acc = torch.empty((t, hkv, splits, rows, HEAD_DIM), dtype=torch.float32, device=out.device)
+    part_stats = torch.empty((t, hkv, splits, 2, rows), dtype=torch.float32, device=out.device)
+    return rows, part_acc, part_stats
 
 
 def combine_splits(out, part_acc, part_stats, v_scale, hkv: int, group: int, rows: int, splits: int):
