@@ -9,7 +9,10 @@ throughput; input tokens count the radix-cached prefix tokens too) and the prefi
 served from the radix cache (sums of the scheduler's log lines), under ``offline`` in ``e2e.json``.
 SGLang's own warm-up (16 short requests, from a ShareGPT-format file written here from random words: no
 network) is replaced by one untimed pass over the benchmark's own requests followed by ``flush_cache``,
-so the timed pass compiles nothing and starts with an empty radix cache.
+so the timed pass compiles nothing and starts with an empty radix cache. ``--offline-pretokenize``: the
+prompts are tokenized before the timed pass and sent as ``input_ids``; without it the engine tokenizes the
+~24K-token prompts inside the timed window, one after another, and requests reach the scheduler at the
+tokenizer's pace. Each backend's greedy output texts (timed pass) go to ``offline_BACKEND_outputs.json``.
 
 One child process per backend: this file run as a script (``python bench/e2e_offline.py ARGS``, see
 :func:`child_main`), stopped at ``--offline-timeout`` or the budget.
@@ -54,6 +57,55 @@ def _stand_in_for_missing_datasets() -> None:
     sys.modules["datasets"] = stub
 
 
+PRETOKENIZE_FLAG = "--bench-pretokenize"
+OUTPUTS_FLAG = "--bench-outputs"
+
+
+def _pop_flag(argv: list, name: str) -> bool:
+    """Removes ``name`` from ``argv`` (in place); whether it was there."""
+    found = name in argv
+    while name in argv:
+        argv.remove(name)
+    return found
+
+
+def _pop_value(argv: list, name: str) -> str | None:
+    """Removes ``name VALUE`` from ``argv`` (in place); the value, or ``None``."""
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    if i + 1 >= len(argv):
+        raise SystemExit(f"{name} needs a value")
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
+def _wrap_generate(engine, dataset: list, pretokenize: bool, outputs_path: str | None) -> None:
+    """Wraps ``engine.generate`` for the benchmark's calls. ``pretokenize``: every prompt is tokenized here,
+    before the timed window, and sent as ``input_ids`` (the engine's tokenizer otherwise feeds the scheduler
+    ~24K-token prompts one by one, and the run measures the tokenizer as much as the engine).
+    ``outputs_path``: the texts of the last call's outputs (the timed pass) are written there as JSON, in
+    request order, to compare backends' greedy continuations."""
+    generate = engine.generate
+    ids = {}
+    if pretokenize:
+        tokenizer = engine.tokenizer_manager.tokenizer
+        ids = {row.prompt: tokenizer.encode(row.prompt) for row in dataset}
+
+    def wrapped(prompt=None, **kwargs):
+        if pretokenize and prompt is not None and all(p in ids for p in prompt):
+            out = generate(input_ids=[ids[p] for p in prompt], **kwargs)
+        else:
+            out = generate(prompt=prompt, **kwargs)
+        if outputs_path:
+            with open(outputs_path, "w") as f:
+                json.dump([o.get("text") for o in out], f)
+        return out
+
+    engine.generate = wrapped
+
+
 def child_main(argv: list) -> None:
     """Child process: ``sglang_nvfp4.bench_offline_throughput ARGV``, warmed up on its own requests.
 
@@ -65,6 +117,9 @@ def child_main(argv: list) -> None:
 
     from sglang_nvfp4.bench_offline_throughput import main as offline_main
 
+    argv = list(argv)
+    pretokenize = _pop_flag(argv, PRETOKENIZE_FLAG)
+    outputs_path = _pop_value(argv, OUTPUTS_FLAG)
     dataset, calls = [], [0]
     original_get_dataset, original_once = ot.get_dataset, ot.throughput_test_once
 
@@ -74,6 +129,8 @@ def child_main(argv: list) -> None:
 
     def throughput_test_once(backend_name, backend, reqs, *a, **k):
         calls[0] += 1
+        if calls[0] == 1:
+            _wrap_generate(backend, dataset, pretokenize, outputs_path)
         if calls[0] > 1:
             return original_once(backend_name, backend, reqs, *a, **k)
         t0 = time.perf_counter()
@@ -142,13 +199,15 @@ def _wait_for_child(process, result_path: str, limit: float, backend: str) -> bo
 def _run_backend(bench: BenchRun, args, model: str, backend: str, dataset_args: list) -> dict:
     """One child for ``backend``; returns its record (result line, prefill sums, log tail)."""
     result_path, log_path = bench.path(f"offline_{backend}.jsonl"), bench.path(f"offline_{backend}.log")
-    for p in (result_path, log_path):
+    outputs_path = bench.path(f"offline_{backend}_outputs.json")
+    for p in (result_path, log_path, outputs_path):
         if os.path.exists(p):
             os.remove(p)
     cmd = [sys.executable, os.path.abspath(__file__), "--model-path", model,
            "--load-format", "dummy", "--attention-backend", backend, "--page-size", "128",
            "--sampling-backend", "pytorch", "--mem-fraction-static", str(args.mem_fraction_static),
-           *dataset_args, "--result-filename", result_path, *shlex.split(args.sglang_args)]
+           *dataset_args, "--result-filename", result_path, *shlex.split(args.sglang_args),
+           OUTPUTS_FLAG, outputs_path, *([PRETOKENIZE_FLAG] if args.offline_pretokenize else [])]
     limit = bench.capped(args.offline_timeout, reserve=20)
     log(f"offline {backend}: {' '.join(cmd[2:])} (limit {limit:.0f} s)")
     t0 = time.monotonic()
@@ -161,6 +220,8 @@ def _run_backend(bench: BenchRun, args, model: str, backend: str, dataset_args: 
     record = {"returncode": rc, "timed_out": timed_out, "wall_s": time.monotonic() - t0,
               "result": res[-1] if res else None, "result_file": os.path.basename(result_path),
               "avg_system_prompt_tokens": float(sys_len[0]) if sys_len else None,
+              "pretokenized": bool(args.offline_pretokenize),
+              "outputs_file": os.path.basename(outputs_path) if os.path.exists(outputs_path) else None,
               **_prefill_stats(text), "log_tail": text[-3000:]}
     if res:
         r = res[-1]

@@ -485,6 +485,30 @@ def test_bad_settings_fail_when_the_server_arguments_resolve(tmp_path, monkeypat
         args.resolve_once()
 
 
+@pytest.mark.parametrize("prefill_graphs", [None, "breakable", "disabled", "full"])
+def test_prefill_cuda_graphs_off_by_default_breakable_when_chosen_full_refused(tmp_path, monkeypatch, prefill_graphs):
+    """SGLang's default on CUDA (breakable, stood in for here: this host has no CUDA) is turned off; a breakable
+    or disabled choice is kept (breakable runs attention eagerly between captured segments); full graphs would
+    replay attention on capture-time metadata and are refused at start-up."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.model_executor import cuda_graph_config
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_nvfp4.tiny_model import make_tiny_model
+
+    monkeypatch.setattr(cuda_graph_config, "default_prefill_backend", lambda: cuda_graph_config.Backend.BREAKABLE)
+    model = make_tiny_model(str(tmp_path), weights=False)
+    choice = [] if prefill_graphs is None else ["--cuda-graph-backend-prefill", prefill_graphs]
+    args = prepare_server_args(["--model-path", model, "--device", "cpu", "--attention-backend", "nvfp4_sparse",
+                                *choice])
+    if prefill_graphs == "full":
+        with pytest.raises(ValueError, match="not full"):
+            args.resolve_once()
+        return
+    args.resolve_once()
+    assert resolved_view(args).cuda_graph_config.prefill.backend == (prefill_graphs or "disabled")
+
+
 def test_request_inputs_that_crash_sglang_are_refused():
     text = SimpleNamespace(input_embeds=None, image_data=None, return_logprob=True, top_logprobs_num=5)
     plugin.check_request_inputs(text, [0, 511], vocab_size=512)

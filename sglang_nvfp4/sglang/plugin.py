@@ -52,7 +52,7 @@ def create_backend(model_runner):
 
 def apply_server_arg_rules(server_args) -> None:
     """Start-up rules for ``nvfp4_sparse`` on resolved server arguments: ``--page-size 128`` when
-    unset, prefill CUDA graphs off, and clear errors for what the backend cannot serve, the
+    unset, prefill CUDA graphs off unless breakable ones are chosen (full ones refused), and clear errors for what the backend cannot serve, the
     ``NVFP4_SPARSE_*`` settings included (checked against the checkpoint's config, before any weight)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of, declare_resolution, resolved_view
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
@@ -93,11 +93,23 @@ def apply_server_arg_rules(server_args) -> None:
         shape = model_attention_shape(hf_config)
         if shape is not None:
             config.check_model(*shape)
-    # Decode CUDA graphs are supported; prefill graphs are not (attention runs eagerly there).
-    declare_resolution(
-        server_args, "sglang_nvfp4",
-        cuda_graph_config=with_phase(view.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
-    )
+    # Prefill CUDA graphs. SGLang's breakable backend captures the layers between attention calls and runs
+    # attention eagerly on the live batch's metadata, which this backend serves; it stays off unless chosen
+    # (--cuda-graph-backend-prefill breakable): on the H200 its capture took 46-97 s of start-up, and the
+    # shared-prefix workload showed no gain beyond run-to-run spread (bench/results/offline_h200.md). The full
+    # backend would replay attention on metadata planned at capture: refused.
+    prefill_graphs = view.cuda_graph_config.prefill.backend if view.cuda_graph_config is not None else None
+    if prefill_graphs == Backend.FULL:
+        raise ValueError(
+            f"{BACKEND_NAME} supports --cuda-graph-backend-prefill breakable or disabled (the default with this "
+            "backend), not full (its extend metadata would be planned once at capture)"
+        )
+    chosen = (Phase.PREFILL, "backend") in getattr(server_args, "_cuda_graph_config_locked", set())
+    if prefill_graphs == Backend.BREAKABLE and not chosen:
+        declare_resolution(
+            server_args, "sglang_nvfp4",
+            cuda_graph_config=with_phase(view.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
+        )
 
 
 def read_model_config(model_path: str, trust_remote_code: bool = False):
