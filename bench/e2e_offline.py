@@ -12,7 +12,8 @@ network) is replaced by one untimed pass over the benchmark's own requests follo
 so the timed pass compiles nothing and starts with an empty radix cache. ``--offline-pretokenize``: the
 prompts are tokenized before the timed pass and sent as ``input_ids``; without it the engine tokenizes the
 ~24K-token prompts inside the timed window, one after another, and requests reach the scheduler at the
-tokenizer's pace. Each backend's greedy output texts (timed pass) go to ``offline_BACKEND_outputs.json``.
+tokenizer's pace. Each backend's greedy output texts (timed pass) go to ``offline_BACKEND_outputs.json``
+(``outputs_file`` in the record; absent when the timed pass did not finish).
 
 One child process per backend: this file run as a script (``python bench/e2e_offline.py ARGS``, see
 :func:`child_main`), stopped at ``--offline-timeout`` or the budget.
@@ -81,29 +82,30 @@ def _pop_value(argv: list, name: str) -> str | None:
     return value
 
 
-def _wrap_generate(engine, dataset: list, pretokenize: bool, outputs_path: str | None) -> None:
-    """Wraps ``engine.generate`` for the benchmark's calls. ``pretokenize``: every prompt is tokenized here,
-    before the timed window, and sent as ``input_ids`` (the engine's tokenizer otherwise feeds the scheduler
-    ~24K-token prompts one by one, and the run measures the tokenizer as much as the engine).
-    ``outputs_path``: the texts of the last call's outputs (the timed pass) are written there as JSON, in
-    request order, to compare backends' greedy continuations."""
-    generate = engine.generate
-    ids = {}
+def _wrap_generate(engine, dataset: list, pretokenize: bool) -> list:
+    """Wraps ``engine.generate`` for the benchmark's calls; returns the list that holds the last call's output
+    texts, in request order (read after the timed pass, outside its timed window). ``pretokenize``: every
+    prompt is tokenized here, before either pass, and sent as ``input_ids`` (without it the engine tokenizes
+    the ~24K-token prompts inside the timed window)."""
+    generate, last_texts, ids = engine.generate, [], {}
     if pretokenize:
-        tokenizer = engine.tokenizer_manager.tokenizer
+        tokenizer = getattr(getattr(engine, "tokenizer_manager", None), "tokenizer", None)
+        if tokenizer is None:
+            raise SystemExit(f"{PRETOKENIZE_FLAG}: this engine has no tokenizer to tokenize with")
         ids = {row.prompt: tokenizer.encode(row.prompt) for row in dataset}
 
     def wrapped(prompt=None, **kwargs):
-        if pretokenize and prompt is not None and all(p in ids for p in prompt):
+        if pretokenize:
+            if not isinstance(prompt, list) or not all(isinstance(p, str) and p in ids for p in prompt):
+                raise SystemExit(f"{PRETOKENIZE_FLAG}: a prompt of this call is not one of the dataset's texts")
             out = generate(input_ids=[ids[p] for p in prompt], **kwargs)
         else:
             out = generate(prompt=prompt, **kwargs)
-        if outputs_path:
-            with open(outputs_path, "w") as f:
-                json.dump([o.get("text") for o in out], f)
+        last_texts[:] = [o.get("text") for o in out]
         return out
 
     engine.generate = wrapped
+    return last_texts
 
 
 def child_main(argv: list) -> None:
@@ -120,7 +122,7 @@ def child_main(argv: list) -> None:
     argv = list(argv)
     pretokenize = _pop_flag(argv, PRETOKENIZE_FLAG)
     outputs_path = _pop_value(argv, OUTPUTS_FLAG)
-    dataset, calls = [], [0]
+    dataset, calls, output_texts = [], [0], {}
     original_get_dataset, original_once = ot.get_dataset, ot.throughput_test_once
 
     def get_dataset(*a, **k):
@@ -130,9 +132,13 @@ def child_main(argv: list) -> None:
     def throughput_test_once(backend_name, backend, reqs, *a, **k):
         calls[0] += 1
         if calls[0] == 1:
-            _wrap_generate(backend, dataset, pretokenize, outputs_path)
+            output_texts["last_call"] = _wrap_generate(backend, dataset, pretokenize)
         if calls[0] > 1:
-            return original_once(backend_name, backend, reqs, *a, **k)
+            result = original_once(backend_name, backend, reqs, *a, **k)
+            if outputs_path:  # the timed pass's texts, written after its timed window
+                with open(outputs_path, "w") as f:
+                    json.dump(output_texts["last_call"], f)
+            return result
         t0 = time.perf_counter()
         original_once(backend_name, backend, dataset, *a, **k)
         backend.flush_cache()

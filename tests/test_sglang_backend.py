@@ -485,11 +485,19 @@ def test_bad_settings_fail_when_the_server_arguments_resolve(tmp_path, monkeypat
         args.resolve_once()
 
 
-@pytest.mark.parametrize("prefill_graphs", [None, "breakable", "disabled", "full"])
-def test_prefill_cuda_graphs_off_by_default_breakable_when_chosen_full_refused(tmp_path, monkeypatch, prefill_graphs):
-    """SGLang's default on CUDA (breakable, stood in for here: this host has no CUDA) is turned off; a breakable
-    or disabled choice is kept (breakable runs attention eagerly between captured segments); full graphs would
-    replay attention on capture-time metadata and are refused at start-up."""
+@pytest.mark.parametrize("choice, expected", [
+    ([], "disabled"),
+    (["--cuda-graph-backend-prefill", "breakable"], "breakable"),
+    (["--cuda-graph-config", '{"prefill": {"backend": "breakable"}}'], "breakable"),
+    (["--cuda-graph-backend-prefill", "disabled"], "disabled"),
+    (["--disable-prefill-cuda-graph"], "disabled"),
+    (["--cuda-graph-backend-prefill", "full"], ValueError),
+])
+def test_prefill_cuda_graphs_off_by_default_breakable_when_chosen_full_refused(tmp_path, monkeypatch, choice,
+                                                                               expected):
+    """SGLang's default on CUDA (breakable; stood in for here, this host has no CUDA) is turned off; a breakable
+    or disabled choice is kept (breakable runs attention eagerly between captured segments); full graphs, which
+    refresh extend metadata through a hook this backend serves for decode only, are refused at start-up."""
     from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.model_executor import cuda_graph_config
     from sglang.srt.server_args import prepare_server_args
@@ -498,15 +506,20 @@ def test_prefill_cuda_graphs_off_by_default_breakable_when_chosen_full_refused(t
 
     monkeypatch.setattr(cuda_graph_config, "default_prefill_backend", lambda: cuda_graph_config.Backend.BREAKABLE)
     model = make_tiny_model(str(tmp_path), weights=False)
-    choice = [] if prefill_graphs is None else ["--cuda-graph-backend-prefill", prefill_graphs]
-    args = prepare_server_args(["--model-path", model, "--device", "cpu", "--attention-backend", "nvfp4_sparse",
-                                *choice])
-    if prefill_graphs == "full":
+
+    def resolve(backend):
+        args = prepare_server_args(["--model-path", model, "--device", "cpu", "--attention-backend", backend,
+                                    *choice])
+        args.resolve_once()
+        return resolved_view(args).cuda_graph_config.prefill.backend
+
+    if not choice:  # the stand-in takes effect: a dense backend keeps SGLang's default
+        assert resolve("triton") == "breakable"
+    if expected is ValueError:
         with pytest.raises(ValueError, match="not full"):
-            args.resolve_once()
-        return
-    args.resolve_once()
-    assert resolved_view(args).cuda_graph_config.prefill.backend == (prefill_graphs or "disabled")
+            resolve("nvfp4_sparse")
+    else:
+        assert resolve("nvfp4_sparse") == expected
 
 
 def test_request_inputs_that_crash_sglang_are_refused():

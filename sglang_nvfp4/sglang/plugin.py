@@ -52,8 +52,9 @@ def create_backend(model_runner):
 
 def apply_server_arg_rules(server_args) -> None:
     """Start-up rules for ``nvfp4_sparse`` on resolved server arguments: ``--page-size 128`` when
-    unset, prefill CUDA graphs off unless breakable ones are chosen (full ones refused), and clear errors for what the backend cannot serve, the
-    ``NVFP4_SPARSE_*`` settings included (checked against the checkpoint's config, before any weight)."""
+    unset, prefill CUDA graphs off unless breakable ones are chosen (full ones refused), and clear errors
+    for what the backend cannot serve, the ``NVFP4_SPARSE_*`` settings included (checked against the
+    checkpoint's config, before any weight)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of, declare_resolution, resolved_view
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 
@@ -94,18 +95,21 @@ def apply_server_arg_rules(server_args) -> None:
         if shape is not None:
             config.check_model(*shape)
     # Prefill CUDA graphs. SGLang's breakable backend captures the layers between attention calls and runs
-    # attention eagerly on the live batch's metadata, which this backend serves; it stays off unless chosen
-    # (--cuda-graph-backend-prefill breakable): on the H200 its capture took 46-97 s of start-up, and the
-    # shared-prefix workload showed no gain beyond run-to-run spread (bench/results/offline_h200.md). The full
-    # backend would replay attention on metadata planned at capture: refused.
-    prefill_graphs = view.cuda_graph_config.prefill.backend if view.cuda_graph_config is not None else None
-    if prefill_graphs == Backend.FULL:
+    # attention eagerly on the live batch's metadata, which this backend serves. It stays off unless the user
+    # chose it (--cuda-graph-backend-prefill breakable): on the H200 it has not been shown to pay (the one
+    # comparison in a single call was not faster than eager), and its capture took 46-97 s of start-up
+    # (bench/results/offline_h200.md). SGLang's full backend refreshes extend metadata out of the graph through
+    # init_forward_metadata_out_graph, which this backend implements for decode only: refused when chosen.
+    prefill_graphs = view.cuda_graph_config.prefill.backend
+    chosen = (Phase.PREFILL, "backend") in getattr(server_args, "_cuda_graph_config_locked", set())
+    if prefill_graphs == Backend.FULL and chosen:
         raise ValueError(
             f"{BACKEND_NAME} supports --cuda-graph-backend-prefill breakable or disabled (the default with this "
-            "backend), not full (its extend metadata would be planned once at capture)"
+            "backend), not full (its extend metadata is not refreshed outside the graph)"
         )
-    chosen = (Phase.PREFILL, "backend") in getattr(server_args, "_cuda_graph_config_locked", set())
-    if prefill_graphs == Backend.BREAKABLE and not chosen:
+    if prefill_graphs != Backend.DISABLED and not chosen:
+        logger.info("%s: prefill CUDA graphs off (SGLang's default here: %s); --cuda-graph-backend-prefill "
+                    "breakable turns them on", BACKEND_NAME, prefill_graphs)
         declare_resolution(
             server_args, "sglang_nvfp4",
             cuda_graph_config=with_phase(view.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
