@@ -11,7 +11,7 @@ SGLang's own warm-up (16 short requests, from a ShareGPT-format file written her
 network) is replaced by one untimed pass over the benchmark's own requests followed by ``flush_cache``,
 so the timed pass compiles nothing and starts with an empty radix cache. ``--offline-pretokenize``: the
 prompts are tokenized before the timed pass and sent as ``input_ids``; without it the engine tokenizes the
-~24K-token prompts inside the timed window, one after another, and requests reach the scheduler at the
+~24K-token prompts inside the timed window, one after another, and requests may reach the scheduler at the
 tokenizer's pace. Each backend's greedy output texts (timed pass) go to ``offline_BACKEND_outputs.json``
 (``outputs_file`` in the record; absent when the timed pass did not finish).
 
