@@ -73,9 +73,9 @@ def _alone_vs_together(srv, bench: BenchRun) -> dict:
                      timeout=bench.capped(120.0, floor=10.0))
         return r["text"]
 
-    srv.post("/flush_cache", {})
+    srv.flush_cache()
     alone = [answer(p) for p in prompts]
-    srv.post("/flush_cache", {})
+    srv.flush_cache()
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(answer, prompts))
     same = sum(a == b for a, b in zip(alone, together))

@@ -194,6 +194,11 @@ class LocalServer:
             body = r.read()
         return json.loads(body) if body.strip().startswith((b"{", b"[")) else body.decode()
 
+    def flush_cache(self, wait_s: float = 60.0) -> None:
+        """Empties the radix cache. SGLang refuses a flush (HTTP 400) while a request is still being retired,
+        which can be just after its response arrived; ``wait_s`` lets the scheduler wait that long for idle."""
+        self.post(f"/flush_cache?timeout={wait_s}", {}, timeout=wait_s + 30.0)
+
     def generate(self, text: str, max_new_tokens: int = 8, **extra) -> dict:
         """Greedy generation; returns SGLang's JSON (``text``, ``meta_info``)."""
         payload = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}

@@ -98,9 +98,9 @@ def test_greedy_outputs_are_the_same_alone_and_in_a_batch(sparse_server):
     def answer(text):
         return sparse_server.generate(text, max_new_tokens=200)["text"]
 
-    sparse_server.post("/flush_cache", {})
+    sparse_server.flush_cache()
     alone = [answer(p) for p in prompts]
-    sparse_server.post("/flush_cache", {})
+    sparse_server.flush_cache()
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(answer, prompts))
     assert [a == b for a, b in zip(alone, together)] == [True] * len(prompts)

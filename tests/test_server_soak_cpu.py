@@ -30,7 +30,7 @@ POOL_TOKENS = 12288  # 96 pages: a handful of long prompts fill it, so the radix
 def probes(srv: LocalServer, prompts) -> list[list[int]]:
     out = []
     for p in prompts:
-        srv.post("/flush_cache", {})
+        srv.flush_cache()
         r = srv.generate(p, max_new_tokens=8, return_logprob=True)
         out.append([tok for _, tok, *_ in r["meta_info"]["output_token_logprobs"]])
     return out
@@ -70,7 +70,7 @@ def test_soak_keeps_the_cache_consistent(tmp_path):
     # top-16, not the default 32: the 2100-2500-token prompts then select sparsely
     with LocalServer(model, "nvfp4_sparse", extra_args=args, env={**os.environ, "NVFP4_SPARSE_TOPK": "16"}) as srv:
         before = probes(srv, probe_prompts)
-        srv.post("/flush_cache", {})
+        srv.flush_cache()
         idle = used_tokens(srv)
 
         def one(i: int):
@@ -97,7 +97,7 @@ def test_soak_keeps_the_cache_consistent(tmp_path):
                 results.append(f.result(timeout=max(1.0, deadline - time.monotonic())))
         ok = [r for kind, r in results if kind == "ok"]
         assert len(ok) > 0.85 * NUM_REQUESTS and all(r in ("length", "stop") for r in ok), results
-        srv.post("/flush_cache", {})
+        srv.flush_cache()
         time.sleep(2.0)
         assert used_tokens(srv) == idle
         after = probes(srv, probe_prompts)
