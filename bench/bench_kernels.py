@@ -251,10 +251,18 @@ def prefill_kernels_case(row, args, out, flop):
     row["gluon_nan"] = bool(outs["gluon"].isnan().any())
     row["gluon_vs_triton_rel_diff"] = ((outs["gluon"].double() - outs["triton"].double()).norm()
                                        / outs["triton"].double().norm()).item()
-    tokens = gluon_prefill.tokens_per_consumer(q.shape[1] // (cache.shape[1] // 2))
-    union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens)
-    row["gluon_union_mean"] = union_len.float().mean().item()
+    group = q.shape[1] // (cache.shape[1] // 2)
+    tile_plan = gluon_prefill.plan(block_ids, block_table, req, pos, group)
+    row["gluon_union_mean"] = tile_plan[0].float().mean().item()
     row["speedup_gluon_vs_triton"] = row["triton_ms"] / row["gluon_ms"]
+    # Where the time goes: the planner alone, the kernel alone, and the kernel over the same plan with every
+    # member mask cleared, which decodes every union page as before while its consumers skip every product
+    # (the producer's own time).
+    idle_plan = (tile_plan[0], tile_plan[1].clone())
+    idle_plan[1][2].zero_()
+    row["gluon_producer_only_ms"] = bench_ms(lambda: gluon_prefill.run(q, cache, pos, idle_plan, *args[6:], out))
+    row["gluon_kernel_ms"] = bench_ms(lambda: gluon_prefill.run(q, cache, pos, tile_plan, *args[6:], out))
+    row["gluon_planner_ms"] = bench_ms(lambda: gluon_prefill.plan(block_ids, block_table, req, pos, group))
 
 
 def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep, topk=fmt.TOPK):
@@ -674,6 +682,8 @@ def summary(results):
             print(f"{r['T']:>7} {r['H']:>3}/{r['Hkv']:<2} top{r['topk']:<3} {r['pattern']:>8} triton {r['triton_ms']:8.3f} "
                   f"gluon {r['gluon_ms']:8.3f} ({r['speedup_gluon_vs_triton']:.2f}x, {r['gluon_TFps']:.0f} TF/s) "
                   f"rel diff {r['gluon_vs_triton_rel_diff']:.1e} nan {r['gluon_nan']}")
+            print(f"{'':>16} planner {r['gluon_planner_ms']:.3f}, kernel {r['gluon_kernel_ms']:.3f}, "
+                  f"producer alone {r['gluon_producer_only_ms']:.3f}")
     print("\ndecode H=64/Hkv=4 (strongest dense: FlashInfer's dense decode over the whole context)")
     for r in results["decode"]:
         if "ms" in r:

@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 30  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 32  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -64,23 +64,26 @@ if INTERPRETED:
         (32, 2, 8, torch.float32),
         (16, 2, 2, torch.bfloat16),  # GQA 8
         (8, 1, 8, torch.float16),  # GQA 8
+        (8, 8, None, torch.float16),  # MHA, the default tile: 32 tokens of one head (member bits up to 31)
     ]
 
     @pytest.mark.parametrize("heads, kv_heads, tokens_per_tile, dtype", PREFILL_CASES)
     def test_prefill_matches_reference(heads, kv_heads, tokens_per_tile, dtype):
-        p = share_first_page(make_problem(40 + heads + tokens_per_tile, [700, 390, 129], [21, 14, 6], num_heads=heads,
-                                          num_kv_heads=kv_heads, k_scale=0.5, v_scale=2.0, dtype=dtype))
-        block_ids = random_block_ids(p, seed=tokens_per_tile, dup_prob=0.3)
+        config = (triton_prefill.PrefillConfig(tokens_per_tile, 4, 1) if tokens_per_tile
+                  else triton_prefill.default_prefill_config(heads // kv_heads))
+        p = share_first_page(make_problem(40 + heads + config.tokens_per_tile, [700, 390, 129], [21, 14, 6],
+                                          num_heads=heads, num_kv_heads=kv_heads, k_scale=0.5, v_scale=2.0, dtype=dtype))
+        block_ids = random_block_ids(p, seed=config.tokens_per_tile, dup_prob=0.3)
         block_ids[:, 3] = -1  # a token that selected nothing
         want = sparse_prefill_reference(*call_args(p, block_ids))
         out = poisoned(p.q)
-        triton_prefill.launch(*call_args(p, block_ids), out, config=triton_prefill.PrefillConfig(tokens_per_tile, 4, 1))
+        triton_prefill.launch(*call_args(p, block_ids), out, config=config)
         assert not out.isnan().any()
         assert torch.all(out[3] == 0)
         tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
         assert rel_err(out, want) < tolerance
 
-    @pytest.mark.parametrize("tokens_per_tile, width", [(4, 16), (8, 32), (16, 5)])
+    @pytest.mark.parametrize("tokens_per_tile, width", [(4, 16), (8, 32), (16, 5), (32, 3)])
     def test_plan_lists_each_tiles_union_in_block_page_order(tokens_per_tile, width):
         """The union planner against a Python model: per tile and KV head, every distinct (block, page) a
         tile token selected (ids >= 0 starting at or before its position), in (block, page) order, with the
@@ -99,7 +102,8 @@ if INTERPRETED:
                 n = int(union_len[h, tile])
                 got = list(zip(plan[1, h, tile, :n].tolist(), plan[0, h, tile, :n].tolist()))
                 assert got == sorted(want), (h, tile)
-                assert plan[2, h, tile, :n].tolist() == [want[k] for k in sorted(want)], (h, tile)
+                got_members = [m & 0xFFFFFFFF for m in plan[2, h, tile, :n].tolist()]  # int32 bit 31 = token 31
+                assert got_members == [want[k] for k in sorted(want)], (h, tile)
 
     @pytest.mark.parametrize("heads, kv_heads, splits", [(16, 2, 1), (16, 1, 4), (16, 2, 16), (8, 1, 2)])
     def test_decode_matches_reference(heads, kv_heads, splits):
@@ -265,6 +269,17 @@ else:
         slots, k, v = bad(torch.arange(4), torch.randn(4, 1, 128), torch.randn(4, 1, 128))
         with pytest.raises(ValueError, match=field):
             kernels.write_kv(cache, slots, k, v, 1.0, 1.0)
+
+    @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
+    @pytest.mark.parametrize("tokens_per_tile", [0, 33, 64])
+    def test_plan_refuses_tiles_its_member_bitmask_cannot_hold(tokens_per_tile):
+        from sglang_nvfp4.kernels import triton_prefill
+
+        with pytest.raises(ValueError, match=f"tokens_per_tile={tokens_per_tile}"):
+            triton_prefill.plan_tiles(torch.zeros(1, 4, 16, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+                                      torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
+                                      tokens_per_tile)
+        assert triton_prefill.default_prefill_config(1).tokens_per_tile == triton_prefill.MAX_TILE_TOKENS
 
     def test_implementation_resolution(monkeypatch):
         monkeypatch.delenv(kernels.FORCE_ENV, raising=False)

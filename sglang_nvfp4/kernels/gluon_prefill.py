@@ -261,24 +261,37 @@ def _ws_prefill_kernel(
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
-    """Sparse prefill on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_prefill`); arguments as
-    validated by the dispatcher and as in :func:`.triton_prefill.launch`, the layer within
-    :func:`supports`. Returns ``out``."""
+def plan(block_ids, block_table, req, pos, group: int):
+    """The union plan of this kernel's tiles (``2 * tokens_per_consumer(group)`` tokens): ``(union_len, plan)``
+    as returned by :func:`.triton_prefill.plan_tiles`."""
+    return triton_prefill.plan_tiles(block_ids, block_table, req.contiguous(), pos.contiguous(),
+                                     2 * tokens_per_consumer(group))
+
+
+def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out):
+    """The kernel over a :func:`plan` (``tile_plan``); ``q`` ``[T, H, 128]``, ``out`` like it, ``pos`` int32
+    ``[T]``. Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
-    if t == 0:
-        return out
-    tokens = tokens_per_consumer(group)
-    req, pos = req.contiguous(), pos.contiguous()
-    union_len, plan = triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens)
+    union_len, tiles = tile_plan
     _ws_prefill_kernel[(union_len.shape[1], hkv)](
-        q, out, cache, pos, union_len, plan[0], plan[1], plan[2],
+        q, out, cache, pos.contiguous(), union_len, tiles[0], tiles[1], tiles[2],
         k_scale, v_scale, float(sm_scale),
         t, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        HKV=hkv, GROUP=group, GROUP_POW2=triton.next_power_of_2(group), TOKENS=tokens, WIDTH=plan.shape[3],
+        HKV=hkv, GROUP=group, GROUP_POW2=triton.next_power_of_2(group), TOKENS=tokens_per_consumer(group),
+        WIDTH=tiles.shape[3],
         K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
         num_warps=4, maxnreg=MAX_REGS,
     )
     return out
+
+
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
+    """Sparse prefill on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_prefill`); arguments as
+    validated by the dispatcher and as in :func:`.triton_prefill.launch`, the layer within
+    :func:`supports`. Returns ``out``."""
+    if q.shape[0] == 0:
+        return out
+    group = q.shape[1] // (cache.shape[1] // 2)
+    return run(q, cache, pos, plan(block_ids, block_table, req, pos, group), k_scale, v_scale, sm_scale, out)

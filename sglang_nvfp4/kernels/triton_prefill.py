@@ -6,10 +6,11 @@ split into tiles of ``BLOCK_T`` consecutive tokens x the query heads of one KV h
 ``M = BLOCK_T * GROUP`` rows (64-128 rows let ``tl.dot`` use Hopper's wgmma). Two launches:
 
 1. ``_plan_tiles_kernel`` (one program per tile and KV head): gathers the tile's selected blocks,
-   drops ``-1`` ids and blocks that start after the selecting token's position, deduplicates the
-   ``(page, block)`` pairs and writes the tile's union, ordered by ``(block, page)``, as three int32
-   lists plus its length: the page, the logical block (key positions are ``128 * block + j``) and a
-   bitmask of the tile's tokens that selected it.
+   drops ``-1`` ids and blocks that start after the selecting token's position, sorts the entries by
+   ``(block, page)`` (one ``tl.sort`` of int64 keys), merges equal pairs with a segmented scan and
+   writes the tile's union in that order as three int32 lists plus its length: the page, the logical
+   block (key positions are ``128 * block + j``) and a bitmask of the tile's tokens that selected it
+   (int32: at most ``MAX_TILE_TOKENS`` tokens per tile).
 2. ``_sparse_prefill_kernel`` (one program per tile and KV head, deepest tiles first): for each
    union entry it decodes the page's K and V^T tiles once (:mod:`.triton_common`), computes
    ``S = Q.K^T`` for all rows, masks rows whose token did not select the page and keys past each
@@ -59,12 +60,13 @@ class PrefillConfig(NamedTuple):
 # 1 and 2 tokens per tile and 4 tokens with 8 warps: slower for every selection pattern.
 PREFILL_CONFIGS = (PrefillConfig(4, 4, 2), PrefillConfig(8, 8, 2))
 TILE_ROWS = 64  # default tile: 64 rows (4 tokens x 16 heads), 4 warps: best or within 3% for every pattern
+MAX_TILE_TOKENS = 32  # a tile's member bitmasks are int32
 
 
 def default_prefill_config(group: int) -> PrefillConfig:
     """The tile shape used when none is given, for ``group`` query heads per KV head."""
     rows_per_token = triton.next_power_of_2(group)
-    return PrefillConfig(max(1, TILE_ROWS // rows_per_token), 4, 2)
+    return PrefillConfig(min(MAX_TILE_TOKENS, max(1, TILE_ROWS // rows_per_token)), 4, 2)
 
 
 @triton.jit
@@ -85,6 +87,17 @@ def _tile_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, fir
     return block, page, selected
 
 
+@triton.constexpr_function
+def _bit_length(n):
+    return int(n).bit_length()
+
+
+@triton.jit
+def _same_class_members(a_key, a_members, b_key, b_members):
+    """Scan combine over entries sorted by class: the member bits of the trailing run of one class so far."""
+    return b_key, b_members | tl.where(a_key == b_key, a_members, 0)
+
+
 @triton.jit
 def _plan_tiles_kernel(
     block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
@@ -96,39 +109,29 @@ def _plan_tiles_kernel(
     kv_head = tl.program_id(1)
     num_tiles = tl.num_programs(0)
     WIDTH: tl.constexpr = BLOCK_T * K_POW2
-    first_token = tile * BLOCK_T
-    meta = (T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs)
-
     entry = tl.arange(0, WIDTH)
-    block, page, selected = _tile_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, first_token,
-                                          entry, *meta, K_POW2=K_POW2)
-    # Against one token's K_POW2 entries at a time (``other``), so no WIDTH x WIDTH matrix is ever live
-    # (at WIDTH 256 it spilled kilobytes per thread): entry i is the first of its (page, block) class when no
-    # earlier entry matches it; its rank in the union is the number of first entries before it in
-    # (block, page) order (a token's own pages then come in ascending block order whatever its tile-mates
-    # selected: batch invariance, see the module docstring); members has bit b set when token b matched it.
-    duplicate = tl.zeros((WIDTH,), tl.int1)
-    rank = tl.zeros((WIDTH,), tl.int32)
-    members = tl.zeros((WIDTH,), tl.int32)
-    for b in range(BLOCK_T):
-        other = b * K_POW2 + tl.arange(0, K_POW2)
-        other_block, other_page, other_selected = _tile_entries(
-            block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, first_token, other, *meta, K_POW2=K_POW2)
-        same = (page[:, None] == other_page[None, :]) & (block[:, None] == other_block[None, :])
-        same = same & selected[:, None] & other_selected[None, :]  # [WIDTH, K_POW2]
-        members |= tl.max(same.to(tl.int32), axis=1) << b
-        duplicate |= tl.max((same & (other[None, :] < entry[:, None])).to(tl.int32), axis=1) != 0
-        other_first = other_selected & (tl.max((same & (entry[:, None] < other[None, :])).to(tl.int32), axis=0) == 0)
-        before = (other_block[None, :] < block[:, None]) | \
-                 ((other_block[None, :] == block[:, None]) & (other_page[None, :] < page[:, None]))
-        rank += tl.sum((other_first[None, :] & before).to(tl.int32), axis=1)
-    first = selected & ~duplicate
-
-    base = (kv_head * num_tiles + tile).to(tl.int64) * WIDTH + rank
-    tl.store(plan_page_ptr + base, page, mask=first)
-    tl.store(plan_block_ptr + base, block, mask=first)
-    tl.store(plan_members_ptr + base, members, mask=first)
-    tl.store(plan_len_ptr + kv_head * num_tiles + tile, tl.sum(first.to(tl.int32), axis=0))
+    block, page, selected = _tile_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, tile * BLOCK_T,
+                                          entry, T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs,
+                                          K_POW2=K_POW2)
+    # One sort puts the tile's entries in (block, page) order, each class's entries together: the key is
+    # block | page | entry, unselected entries last. A token's own pages then come in ascending block order
+    # whatever its tile-mates selected (batch invariance, see the module docstring).
+    entry_bits: tl.constexpr = _bit_length(WIDTH - 1)
+    unselected: tl.constexpr = 0x7FFFFFFFFFFFFFFF
+    key = (block.to(tl.int64) << (31 + entry_bits)) | (page.to(tl.int64) << entry_bits) | entry
+    key = tl.sort(tl.where(selected, key, unselected))
+    klass = key >> entry_bits
+    member_bit = (1 << ((key & (WIDTH - 1)) // K_POW2)).to(tl.int32)
+    # A class's last entry (in sorted order) holds the bits of the whole class and owns its union slot,
+    # numbered by the classes before it.
+    _, members = tl.associative_scan((klass, member_bit), 0, _same_class_members)
+    next_klass = tl.gather(klass, tl.minimum(entry + 1, WIDTH - 1), 0)
+    last = (key != unselected) & ((klass != next_klass) | (entry == WIDTH - 1))
+    base = (kv_head * num_tiles + tile).to(tl.int64) * WIDTH + tl.cumsum(last.to(tl.int32), axis=0) - 1
+    tl.store(plan_page_ptr + base, (klass & 0x7FFFFFFF).to(tl.int32), mask=last)
+    tl.store(plan_block_ptr + base, (klass >> 31).to(tl.int32), mask=last)
+    tl.store(plan_members_ptr + base, members, mask=last)
+    tl.store(plan_len_ptr + kv_head * num_tiles + tile, tl.sum(last.to(tl.int32), axis=0))
 
 
 @triton.jit
@@ -187,6 +190,9 @@ def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):
     plan int32 [3, Hkv, tiles, width])``, the union entries' pages, blocks and member bitmasks
     (``width = tokens_per_tile * K_POW2``)."""
     hkv, t, width_k = block_ids.shape
+    if not 1 <= tokens_per_tile <= MAX_TILE_TOKENS:
+        raise ValueError(f"tokens_per_tile={tokens_per_tile}: a tile's member bitmask (int32) holds 1 to "
+                         f"{MAX_TILE_TOKENS} tokens")
     k_pow2 = triton.next_power_of_2(width_k)
     num_tiles = triton.cdiv(t, tokens_per_tile)
     union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=block_ids.device)
