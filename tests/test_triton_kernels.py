@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 32  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 34  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -83,13 +83,10 @@ if INTERPRETED:
         tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
         assert rel_err(out, want) < tolerance
 
-    @pytest.mark.parametrize("tokens_per_tile, width", [(4, 16), (8, 32), (16, 5), (32, 3)])
-    def test_plan_lists_each_tiles_union_in_block_page_order(tokens_per_tile, width):
-        """The union planner against a Python model: per tile and KV head, every distinct (block, page) a
-        tile token selected (ids >= 0 starting at or before its position), in (block, page) order, with the
-        bitmask of the tokens that selected it. Tiles span requests that share a page."""
-        p = share_first_page(make_problem(41, [1000, 700, 300], [40, 30, 50], num_kv_heads=2))
-        block_ids = random_block_ids(p, seed=3, width=width)
+    def _check_plan(p, block_ids, tokens_per_tile):
+        """``plan_tiles`` against a Python model: per tile and KV head, every distinct (block, page) a tile token
+        selected (ids >= 0 starting at or before its position), in (block, page) order, with the bitmask of the
+        tokens that selected it."""
         union_len, plan = triton_prefill.plan_tiles(block_ids, p.block_table, p.req, p.pos, tokens_per_tile)
         for h in range(p.hkv):
             for tile in range(union_len.shape[1]):
@@ -104,6 +101,24 @@ if INTERPRETED:
                 assert got == sorted(want), (h, tile)
                 got_members = [m & 0xFFFFFFFF for m in plan[2, h, tile, :n].tolist()]  # int32 bit 31 = token 31
                 assert got_members == [want[k] for k in sorted(want)], (h, tile)
+
+    @pytest.mark.parametrize("tokens_per_tile, width", [(4, 16), (8, 32), (16, 5), (32, 3)])
+    def test_plan_lists_each_tiles_union_in_block_page_order(tokens_per_tile, width):
+        """Random selections with -1 ids, repeats and blocks past the token; tiles span requests that share a page."""
+        p = share_first_page(make_problem(41, [1000, 700, 300], [40, 30, 50], num_kv_heads=2))
+        _check_plan(p, random_block_ids(p, seed=3, width=width), tokens_per_tile)
+
+    @pytest.mark.parametrize("tokens_per_tile", [4, 8])
+    def test_plan_keeps_full_tiles_and_large_page_ids(tokens_per_tile):
+        """Every slot of every tile holds a visible id (no padding entry sorts last) and page ids sit just below
+        2**31 (the planner reads no cache): the union's largest class and the page field's top bits survive."""
+        p = share_first_page(make_problem(43, [1000, 700, 300], [40, 30, 50], num_kv_heads=2))
+        p.block_table += (2**31 - 1) - int(p.block_table.max())
+        own = (p.pos // fmt.PAGE_SIZE).int()  # >= 1 for every extend token here
+        block_ids = torch.stack([torch.stack([own, torch.zeros_like(own)], -1),
+                                 torch.stack([own - 1, own], -1)]).contiguous()  # [Hkv=2, T, K=2], all visible
+        assert len(p.pos) % tokens_per_tile == 0 and bool((block_ids >= 0).all())
+        _check_plan(p, block_ids, tokens_per_tile)
 
     @pytest.mark.parametrize("heads, kv_heads, splits", [(16, 2, 1), (16, 1, 4), (16, 2, 16), (8, 1, 2)])
     def test_decode_matches_reference(heads, kv_heads, splits):
@@ -280,6 +295,16 @@ else:
                                       torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
                                       tokens_per_tile)
         assert triton_prefill.default_prefill_config(1).tokens_per_tile == triton_prefill.MAX_TILE_TOKENS
+
+    @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
+    def test_plan_refuses_block_tables_wider_than_its_sort_key():
+        from sglang_nvfp4.kernels import triton_prefill
+
+        ids, tokens = torch.zeros(1, 4, 16, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+        # 8 tokens x 16 ids: 7 entry bits, so block ids up to 2**25 - 2, hence 2**25 - 1 slots at most
+        wide = torch.zeros(1, 1, dtype=torch.int32).expand(1, 2**25)
+        with pytest.raises(ValueError, match=f"block_table has {2**25} block slots"):
+            triton_prefill.plan_tiles(ids, wide, tokens, tokens, 8)
 
     def test_implementation_resolution(monkeypatch):
         monkeypatch.delenv(kernels.FORCE_ENV, raising=False)

@@ -60,7 +60,7 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
 
 ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
 STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the consumers
-MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the planner's limit here
+MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the widest run on a GPU so far
 # Registers per thread: 12 warps x MAX_REGS fit one CTA per SM; the default partition (the first consumer)
 # gets what the workers leave, here CONSUMER_REGS too.
 MAX_REGS = 168

@@ -60,6 +60,7 @@ class PrefillConfig(NamedTuple):
 # 1 and 2 tokens per tile and 4 tokens with 8 warps: slower for every selection pattern.
 PREFILL_CONFIGS = (PrefillConfig(4, 4, 2), PrefillConfig(8, 8, 2))
 TILE_ROWS = 64  # default tile: 64 rows (4 tokens x 16 heads), 4 warps: best or within 3% for every pattern
+# (a layer of one query head per KV head gets MAX_TILE_TOKENS tokens, 32 rows)
 MAX_TILE_TOKENS = 32  # a tile's member bitmasks are int32
 
 
@@ -87,14 +88,10 @@ def _tile_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, fir
     return block, page, selected
 
 
-@triton.constexpr_function
-def _bit_length(n):
-    return int(n).bit_length()
-
-
 @triton.jit
 def _same_class_members(a_key, a_members, b_key, b_members):
-    """Scan combine over entries sorted by class: the member bits of the trailing run of one class so far."""
+    """Scan combine over entries sorted by class: the member bits of the trailing run of one class so far.
+    Associative only when each class's entries are contiguous (sorted keys), as the GPU scan combines in a tree."""
     return b_key, b_members | tl.where(a_key == b_key, a_members, 0)
 
 
@@ -103,7 +100,7 @@ def _plan_tiles_kernel(
     block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
     plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,  # int32 [Hkv, tiles], [Hkv, tiles, WIDTH] x 3
     T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs,  # block_ids strides, block_table strides
-    BLOCK_T: tl.constexpr, K_POW2: tl.constexpr,
+    BLOCK_T: tl.constexpr, K_POW2: tl.constexpr, ENTRY_BITS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -114,13 +111,13 @@ def _plan_tiles_kernel(
                                           entry, T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs,
                                           K_POW2=K_POW2)
     # One sort puts the tile's entries in (block, page) order, each class's entries together: the key is
-    # block | page | entry, unselected entries last. A token's own pages then come in ascending block order
-    # whatever its tile-mates selected (batch invariance, see the module docstring).
-    entry_bits: tl.constexpr = _bit_length(WIDTH - 1)
+    # block | page (31 bits) | entry (ENTRY_BITS), unselected entries last (plan_tiles keeps block ids below the
+    # sentinel). A token's own pages then come in ascending block order whatever its tile-mates selected (batch
+    # invariance, see the module docstring).
     unselected: tl.constexpr = 0x7FFFFFFFFFFFFFFF
-    key = (block.to(tl.int64) << (31 + entry_bits)) | (page.to(tl.int64) << entry_bits) | entry
+    key = (block.to(tl.int64) << (31 + ENTRY_BITS)) | (page.to(tl.int64) << ENTRY_BITS) | entry
     key = tl.sort(tl.where(selected, key, unselected))
-    klass = key >> entry_bits
+    klass = key >> ENTRY_BITS
     member_bit = (1 << ((key & (WIDTH - 1)) // K_POW2)).to(tl.int32)
     # A class's last entry (in sorted order) holds the bits of the whole class and owns its union slot,
     # numbered by the classes before it.
@@ -188,19 +185,25 @@ def _sparse_prefill_kernel(
 def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):
     """The planning pass alone, for int32 ``block_ids [Hkv, T, K]``: ``(union_len int32 [Hkv, tiles],
     plan int32 [3, Hkv, tiles, width])``, the union entries' pages, blocks and member bitmasks
-    (``width = tokens_per_tile * K_POW2``)."""
+    (``width = tokens_per_tile * K_POW2``). ``ValueError`` for more than ``MAX_TILE_TOKENS`` tokens per tile or a
+    block table too wide for the sort key (``2**(32 - log2(width))`` block slots and up)."""
     hkv, t, width_k = block_ids.shape
     if not 1 <= tokens_per_tile <= MAX_TILE_TOKENS:
         raise ValueError(f"tokens_per_tile={tokens_per_tile}: a tile's member bitmask (int32) holds 1 to "
                          f"{MAX_TILE_TOKENS} tokens")
     k_pow2 = triton.next_power_of_2(width_k)
+    entry_bits = (tokens_per_tile * k_pow2 - 1).bit_length()
+    if block_table.shape[1] >= 1 << (32 - entry_bits):  # block ids < 2**(32 - entry_bits) - 1: keys below the sentinel
+        raise ValueError(f"block_table has {block_table.shape[1]} block slots: the planner's sort key holds block ids "
+                         f"up to {(1 << (32 - entry_bits)) - 2} at {tokens_per_tile} tokens x {k_pow2} ids per tile")
     num_tiles = triton.cdiv(t, tokens_per_tile)
     union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=block_ids.device)
     plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=block_ids.device)
     _plan_tiles_kernel[(num_tiles, hkv)](
         block_ids, block_table, req, pos, union_len, plan[0], plan[1], plan[2],
         t, width_k, *block_ids.stride(), *block_table.stride(),
-        BLOCK_T=tokens_per_tile, K_POW2=k_pow2, num_warps=8 if tokens_per_tile * k_pow2 >= 256 else 4,
+        BLOCK_T=tokens_per_tile, K_POW2=k_pow2, ENTRY_BITS=entry_bits,
+        num_warps=8 if tokens_per_tile * k_pow2 >= 256 else 4,
     )
     return union_len, plan
 
