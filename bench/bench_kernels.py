@@ -11,7 +11,10 @@ distinct random earlier blocks: the worst case for a tile's union), "shared8" (o
 of 8 tokens) and "indexer" (``sglang_nvfp4.indexer.select_blocks`` on the benchmark's random data, when that
 module imports). ``ours_ms`` is the dispatcher's choice (``implementation``); on Hopper both prefill
 kernels are timed too, ``triton_ms`` (``triton_prefill``) and ``gluon_ms`` (``gluon_prefill``, warp
-specialized), with the relative difference of their outputs (``gluon_vs_triton_rel_diff``).
+specialized), with the relative difference of their outputs (``gluon_vs_triton_rel_diff``), and the Gluon
+prefill's parts: ``gluon_planner_ms`` (the union planner alone), ``gluon_kernel_ms`` (the kernel over a ready plan)
+and ``gluon_producer_only_ms`` (the kernel over the same plan with every member mask cleared: every page decoded,
+no products).
 Peers in the same run: dense causal SDPA (bf16); FlashInfer's paged prefill (``flashinfer_peers.py``:
 fa2 and fa3 over bf16 K/V, fa2 over FlashInfer's NVFP4 KV cache), when FlashInfer imports; SGLang's in-tree
 ``flash_prefill_with_gqa_share_sparse`` on bf16 K/V holding the same values with the same selection
