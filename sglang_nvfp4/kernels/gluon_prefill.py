@@ -264,8 +264,7 @@ def _ws_prefill_kernel(
 def plan(block_ids, block_table, req, pos, group: int):
     """The union plan of this kernel's tiles (``2 * tokens_per_consumer(group)`` tokens): ``(union_len, plan)``
     as returned by :func:`.triton_prefill.plan_tiles`."""
-    return triton_prefill.plan_tiles(block_ids, block_table, req.contiguous(), pos.contiguous(),
-                                     2 * tokens_per_consumer(group))
+    return triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens_per_consumer(group))
 
 
 def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out):

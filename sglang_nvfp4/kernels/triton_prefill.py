@@ -196,6 +196,7 @@ def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):
     if block_table.shape[1] >= 1 << (32 - entry_bits):  # block ids < 2**(32 - entry_bits) - 1: keys below the sentinel
         raise ValueError(f"block_table has {block_table.shape[1]} block slots: the planner's sort key holds block ids "
                          f"up to {(1 << (32 - entry_bits)) - 2} at {tokens_per_tile} tokens x {k_pow2} ids per tile")
+    req, pos = req.contiguous(), pos.contiguous()
     num_tiles = triton.cdiv(t, tokens_per_tile)
     union_len = torch.empty((hkv, num_tiles), dtype=torch.int32, device=block_ids.device)
     plan = torch.empty((3, hkv, num_tiles, tokens_per_tile * k_pow2), dtype=torch.int32, device=block_ids.device)
@@ -228,7 +229,7 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     if cfg.tokens_per_tile * group_pow2 < 16:
         raise ValueError(f"tokens_per_tile={cfg.tokens_per_tile} gives {cfg.tokens_per_tile * group_pow2} rows "
                          "per tile; tl.dot needs 16")
-    req, pos = req.contiguous(), pos.contiguous()
+    pos = pos.contiguous()
     union_len, plan = plan_tiles(block_ids, block_table, req, pos, cfg.tokens_per_tile)
     _sparse_prefill_kernel[(union_len.shape[1], hkv)](
         q, out, cache, pos, union_len, plan[0], plan[1], plan[2],
