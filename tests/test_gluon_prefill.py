@@ -43,7 +43,10 @@ def test_compiles_for_hopper(group, width, by_pointer):
     constexprs = {"HKV": 4, "GROUP": group, "GROUP_POW2": triton.next_power_of_2(group), "TOKENS": tokens,
                   "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
                   "V_SCALE_BY_POINTER": by_pointer}
-    src = GluonASTSource(gluon_prefill._ws_prefill_kernel, _signature(by_pointer), constexprs)
+    signature = _signature(by_pointer)
+    # Pointers 16-byte aligned, as the JIT specializes them for torch allocations.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
+    src = GluonASTSource(gluon_prefill._ws_prefill_kernel, signature, constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": 4, "maxnreg": gluon_prefill.MAX_REGS})
     ptx = compiled.asm["ptx"]
@@ -51,6 +54,14 @@ def test_compiles_for_hopper(group, width, by_pointer):
     assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx
     assert ptx.count("cvt.rn.f16x2.e4m3x2") >= 8  # the inline PTX decoders of K and V^T
+    # The producer's page reads, written twice (the first page before the loop, the next one inside it): per page
+    # 8 + 8 eight-byte loads of K and V^T code words (16 words per thread), 16 of V^T scale-word pairs, and 8 K
+    # scale bytes, one per group of the thread's words.
+    assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 16)
+    assert ptx.count("ld.global.b8") == 2 * 8
+    # The scale operands reach the words' threads without shuffles (a layout mismatch adds 64 per copy); the
+    # remaining ones are the row reductions of the softmax and the producer's live-key maximum.
+    assert ptx.count("shfl.sync") < 32
 
 
 @pytest.mark.parametrize("heads, kv_heads, width, want", [
@@ -137,3 +148,36 @@ def test_batch_invariant():
                        pos[tokens].contiguous())
         assert torch.equal(alone, whole[tokens])
 
+
+@pytest.mark.gpu
+@hopper_only
+def test_full_and_empty_unions():
+    """The producer reads each plan entry and its page one step ahead. Tiles whose union fills the plan row (every
+    token selects blocks no other token of its tile does, so the read past the last entry is past the row) and
+    tiles with an empty union (every id -1: outputs 0) must match the reference."""
+    from sglang_nvfp4.reference import sparse_prefill_reference
+    from test_kernels_gpu import filled_cache
+
+    heads, kv_heads, width = 64, 4, 16
+    tile_tokens = 2 * gluon_prefill.tokens_per_consumer(heads // kv_heads)
+    t = 4 * tile_tokens
+    lens = [tile_tokens * width * fmt.PAGE_SIZE]  # as many blocks as a tile's tokens x ids
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    cache, block_table = filled_cache(lens, kv_heads, gen)
+    pos = torch.arange(lens[0] - t, lens[0], device=DEV, dtype=torch.int32)
+    req = torch.zeros(t, dtype=torch.int32, device=DEV)
+    # Token i of a tile selects blocks i * width .. i * width + width - 1 (all before its position), shuffled.
+    own = torch.arange(t, device=DEV) % tile_tokens
+    block_ids = (own[None, :, None] * width + torch.arange(width, device=DEV)[None, None, :]).expand(kv_heads, t, width)
+    block_ids = torch.gather(block_ids, 2, torch.rand(kv_heads, t, width, device=DEV, generator=gen).argsort(dim=2))
+    block_ids = block_ids.int().contiguous()
+    block_ids[:, tile_tokens:2 * tile_tokens] = -1  # the second tile's union is empty
+    union_len, _ = gluon_prefill.plan(block_ids, block_table, req, pos, heads // kv_heads)
+    full = tile_tokens * width  # = the plan row's width
+    assert union_len.tolist() == [[full, 0, full, full]] * kv_heads  # the last tile's row ends the plan tensor
+    q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    out = torch.full_like(q, float("nan"))
+    gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out)
+    want = sparse_prefill_reference(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    assert torch.equal(out[tile_tokens:2 * tile_tokens], torch.zeros_like(out[:tile_tokens]))
+    assert _rel_err(out, want) < 6e-3

@@ -10,8 +10,10 @@ partitions of one warpgroup each:
 
 * **producer** (worker, few registers): for each entry of the tile's union (built by
   :func:`.triton_prefill.plan_tiles`: pages in ``(block, page)`` order with a member bitmask) it reads
-  the page's K and V^T bytes, decodes them to fp16 (``e2m1 * e4m3`` in inline PTX, scales applied on
-  packed halves) into a ring of ``STAGES`` shared-memory slots, and signals ``k_ready`` / ``v_ready``;
+  the page's K and V^T bytes (issued one half-page ahead of their use, so that they land while the previous
+  half decodes), decodes them to fp16 (``e2m1 * e4m3`` in inline PTX, scales applied on packed halves) into a
+  ring of ``STAGES`` shared-memory slots (16-byte stores free of bank conflicts), and signals ``k_ready`` /
+  ``v_ready``;
 * **two consumers** (the default partition and one worker): each owns ``TOKENS`` tokens (64 rows of
   ``GROUP_POW2`` heads) and, for every union entry that one of its tokens selected, runs
   ``S = Q.K^T`` on wgmma, the exp2 online softmax, and ``O += P.V`` on wgmma; entries none of its tokens
@@ -80,6 +82,19 @@ def tokens_per_consumer(group: int) -> int:
     return ROWS.value // triton.next_power_of_2(group)
 
 
+# The producer's view of a page's code words, ``[128 rows, 16 words]``: each thread holds 2 adjacent words (one
+# 8-byte load, and for K one scale group) of 8 rows x 4 threads per warp, twice along the row. Decoded, a word is
+# one 16-byte store into the ring's 128-byte swizzled rows; in each quarter warp, row r's 4 threads store to
+# chunk positions of one parity and row r + 1's (swizzled by XOR 1) to the other, so the 8 stores hit 8 distinct
+# bank groups. (4 adjacent words per thread put two of a row's threads on one position: 2-way conflicts.)
+WORDS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0]))
+# K's scale bytes ``[128 rows, 8 groups]``: each thread holds the group of each of its word pairs.
+GROUPS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
+# V^T's scale words ``[128 dims, 16 octets, 2]``: a word's two scale words as one 8-byte load, in the thread
+# that holds the word (split along the last axis, this is ``WORDS_LAYOUT``).
+SCALE_PAIRS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 2, 2], [8, 4, 1], [4, 1, 1], [2, 1, 0]))
+
+
 @gluon.jit
 def _decode_tile(words, scales):
     """uint32 code words ``[R, 16]`` and their scale operands (:func:`.gluon_common.decode_words`) -> fp16
@@ -88,67 +103,103 @@ def _decode_tile(words, scales):
 
 
 @gluon.jit
-def _load_k(cache_ptr, k_block, layout: gl.constexpr):
-    """K of one page and KV head: code words ``[128, 16]`` and, per word, its scale byte (as uint32)."""
-    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, layout))[:, None]
-    word = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, layout))[None, :]
+def _load_k(cache_ptr, k_block):
+    """K of one page and KV head, in ``WORDS_LAYOUT``: code words ``[128, 16]`` and, per word, its scale byte
+    (as uint32). Each scale byte is loaded once, for the two words of its group that one thread holds."""
+    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, WORDS_LAYOUT))[:, None]
+    word = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, WORDS_LAYOUT))[None, :]
     codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + row * ROW_WORDS + word)
-    # Word w holds dims 8w..8w+7: scale group w // 2, byte SCALE_OFFSET + w // 2 of the row.
-    scale_bytes = cache_ptr + 4 * k_block + row * (4 * ROW_WORDS) + SCALE_OFFSET + word // 2
-    return codes, (gl.load(scale_bytes).to(gl.uint32),)
+    # Words 2g and 2g + 1 hold dims 16g..16g+15: scale group g, byte SCALE_OFFSET + g of the row.
+    group_row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, GROUPS_LAYOUT))[:, None]
+    group = gl.arange(0, CODE_WORDS // 2, layout=gl.SliceLayout(0, GROUPS_LAYOUT))[None, :]
+    scales = gl.load(cache_ptr + 4 * k_block + group_row * (4 * ROW_WORDS) + SCALE_OFFSET + group).to(gl.uint32)
+    scales = gl.convert_layout(gl.reshape(gl.join(scales, scales), (PAGE, CODE_WORDS)), WORDS_LAYOUT)
+    return codes, (scales,)
 
 
 @gluon.jit
-def _load_vt(cache_ptr, v_block, live_keys, layout: gl.constexpr):
-    """V^T of one page and KV head: code words ``[128 dims, 16 token octets]`` and, per word, its 8 token
-    scales as two words, with the scales of tokens at or past ``live_keys`` zeroed."""
-    octet_layout: gl.constexpr = gl.SliceLayout(0, layout)
-    dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, layout))[:, None]
-    octet = gl.arange(0, CODE_WORDS, layout=octet_layout)
+def _load_vt(cache_ptr, v_block, live_keys):
+    """V^T of one page and KV head, in ``WORDS_LAYOUT``: code words ``[128 dims, 16 token octets]`` and, per
+    word, its 8 token scales as two words (one 8-byte load), with the scales of tokens at or past ``live_keys``
+    zeroed."""
+    dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, WORDS_LAYOUT))[:, None]
+    octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, WORDS_LAYOUT))
     words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32)) + v_block
     codes = gl.load(words_ptr + dim * ROW_WORDS + octet[None, :])
     # The scales of tokens 8w..8w+7 in group g sit in bytes 64..71 of row V_SCALE_ROWS_PER_GROUP * g + w.
-    scale_row = words_ptr + ((dim // SCALE_GROUP) * V_SCALE_ROWS_PER_GROUP + octet[None, :]) * ROW_WORDS + SCALE_WORD
-    lo, hi = gl.load(scale_row), gl.load(scale_row + 1)
+    pair_rows: gl.constexpr = gl.SliceLayout(2, SCALE_PAIRS_LAYOUT)
+    pair_dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, pair_rows))[:, None, None]
+    pair_octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, pair_rows))[None, :, None]
+    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALE_PAIRS_LAYOUT)))[None, None, :]
+    scale_row = (pair_dim // SCALE_GROUP) * V_SCALE_ROWS_PER_GROUP + pair_octet
+    lo, hi = gl.split(gl.load(words_ptr + scale_row * ROW_WORDS + SCALE_WORD + half))
     lo_mask, hi_mask = live_token_masks(octet, live_keys)
-    return codes, (lo & lo_mask[None, :], hi & hi_mask[None, :])
+    lo = gl.convert_layout(lo, WORDS_LAYOUT) & lo_mask[None, :]
+    hi = gl.convert_layout(hi, WORDS_LAYOUT) & hi_mask[None, :]
+    return codes, (lo, hi)
+
+
+@gluon.jit
+def _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u, union_len):
+    """Entry ``u`` of a tile's union: ``(page (int64), block, members)``; page 0, block 0 and no members past
+    ``union_len`` (the prefetch of the entry after the last)."""
+    valid = u < union_len
+    page = gl.load(plan_page_ptr + plan + u, mask=valid, other=0).to(gl.int64)
+    block = gl.load(plan_block_ptr + plan + u, mask=valid, other=0)
+    members = gl.load(plan_members_ptr + plan + u, mask=valid, other=0)
+    return page, block, members
+
+
+@gluon.jit
+def _live_keys(members, block, tile_token, tile_pos):
+    """Keys of ``block``'s page that some member token can see (a prefix of the page): its V scales past them
+    are zeroed."""
+    member = ((members >> tile_token) & 1) != 0
+    return gl.max(gl.where(member, tile_pos, -1), axis=0) - block * PAGE + 1
 
 
 @gluon.jit
 def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH: gl.constexpr):
-    """Decodes the K and V^T tiles of every union page into the ring (one warpgroup)."""
+    """Decodes the K and V^T tiles of every union page into the ring (one warpgroup).
+
+    The loads run one step ahead of the decoding: a fence (``fence_async_shared``, before each hand-off) waits
+    for every load the thread has in flight, so each load is issued right after a hand-off and lands while the
+    other half of the page decodes: the next entry and its K while this page's V^T decodes, the next V^T while
+    the next K decodes."""
     cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr = ptrs
     k_bufs, v_bufs, k_ready, v_ready, empty = bufs
     T, num_tiles = sizes
     tile = num_tiles - 1 - gl.program_id(0)
     kv_head = gl.program_id(1)
-    # 16-byte loads along a row; 128 threads cover 32 rows of 16 words per repetition.
-    words_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
     token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     tile_token = gl.arange(0, TILE_T, layout=token_layout)
     token = tile * TILE_T + tile_token
     tile_pos = gl.load(pos_ptr + token, mask=token < T, other=-1)
     plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
     union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
+    page_words = 2 * HKV * BLOCK_WORDS  # one page, in 4-byte words
+    k_offset = kv_head * BLOCK_WORDS
+    v_offset = (HKV + kv_head) * BLOCK_WORDS
+
+    page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, 0, union_len)
+    k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset)
+    live_keys = _live_keys(members, block, tile_token, tile_pos)
+    v_codes, v_scales = _load_vt(cache_ptr, page * page_words + v_offset, live_keys)
     for u in range(union_len):
         stage = u % STAGES
         phase = (u // STAGES) & 1
-        page = gl.load(plan_page_ptr + plan + u).to(gl.int64)
-        block = gl.load(plan_block_ptr + plan + u)
-        members = gl.load(plan_members_ptr + plan + u)
-        page_base = page * (2 * HKV * BLOCK_WORDS)  # in 4-byte words
-        k_codes, k_scales = _load_k(cache_ptr, page_base + kv_head * BLOCK_WORDS, words_layout)
-        # Keys past the last position of any member token get no weight: zero their V scales.
-        member = ((members >> tile_token) & 1) != 0
-        live_keys = gl.max(gl.where(member, tile_pos, -1), axis=0) - block * PAGE + 1
-        v_codes, v_scales = _load_vt(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, live_keys, words_layout)
         mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
         k_bufs.index(stage).store(_decode_tile(k_codes, k_scales))
         fence_async_shared()  # order the generic-proxy stores before the consumers' wgmma reads
         mbarrier.arrive(k_ready.index(stage), count=1)
+        # Past the last entry these read page 0 (in bounds) and decode nothing.
+        page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u + 1, union_len)
+        k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset)
         v_bufs.index(stage).store(_decode_tile(v_codes, v_scales))
         fence_async_shared()
         mbarrier.arrive(v_ready.index(stage), count=1)
+        live_keys = _live_keys(members, block, tile_token, tile_pos)
+        v_codes, v_scales = _load_vt(cache_ptr, page * page_words + v_offset, live_keys)
 
 
 @gluon.jit
