@@ -152,8 +152,8 @@ def _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u, union_
 
 @gluon.jit
 def _live_keys(members, block, tile_token, tile_pos):
-    """Keys of ``block``'s page that some member token can see (a prefix of the page): its V scales past them
-    are zeroed."""
+    """How many leading keys of ``block``'s page some member token can see; the producer zeroes the V scales of
+    the keys past them."""
     member = ((members >> tile_token) & 1) != 0
     return gl.max(gl.where(member, tile_pos, -1), axis=0) - block * PAGE + 1
 
