@@ -60,8 +60,9 @@ def test_compiles_for_hopper(group, width, by_pointer):
     assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 16)
     assert ptx.count("ld.global.b8") == 2 * 8
     # The scale operands reach the words' threads without shuffles (a layout mismatch adds 64 per copy); the
-    # remaining ones are the row reductions of the softmax and the producer's live-key maximum.
-    assert ptx.count("shfl.sync") < 32
+    # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
+    # producer's live-key maximum.
+    assert ptx.count("shfl.sync") < 40
 
 
 @pytest.mark.parametrize("heads, kv_heads, width, want", [

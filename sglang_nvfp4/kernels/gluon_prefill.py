@@ -17,7 +17,8 @@ partitions of one warpgroup each:
 * **two consumers** (the default partition and one worker): each owns ``TOKENS`` tokens (64 rows of
   ``GROUP_POW2`` heads) and, for every union entry that one of its tokens selected, runs
   ``S = Q.K^T`` on wgmma, the exp2 online softmax, and ``O += P.V`` on wgmma; entries none of its tokens
-  selected are exact no-ops (``alpha = 1``, ``p = 0``), so it skips their products. Both consumers arrive
+  selected are exact no-ops (``alpha = 1``, ``p = 0``), so it skips their products. Only pages that reach
+  past a row's position take the per-key causal mask; the others mask whole rows. Both consumers arrive
   on the slot's ``empty`` barrier when done with it.
 
 A page decoded once serves both consumers, while each runs products only for its own tokens, and the
@@ -57,7 +58,7 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
     global_scale,
-    online_softmax_step,
+    fold_logits,
 )
 
 ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
@@ -241,6 +242,10 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
     s_init = gl.zeros([ROWS, PAGE], gl.float32, mma)
     plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
     union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
+    # Pages that end at or before every live row's position (most of them) need no per-key causal mask: a row's
+    # selection becomes an additive 0 / -inf, which leaves the logits bit-identical to the masked path's.
+    first_pos = gl.min(gl.where(live, pos, 2147483647), axis=0)
+    not_selected = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
     for u in range(union_len):
         stage = u % STAGES
         phase = (u // STAGES) & 1
@@ -250,12 +255,16 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
         if mine != 0:
             s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_init, use_acc=False)
             row_selected = ((mine >> (rows // GROUP_POW2)) & 1) != 0
-            visible = row_selected[:, None] & ((block * PAGE + keys)[None, :] <= pos[:, None])
-            p, alpha, m_i, l_i = online_softmax_step(s, visible, logit_scale, m_i, l_i,
-                                                     KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
+            if block * PAGE + PAGE - 1 <= first_pos:
+                logits = s * logit_scale + gl.where(row_selected, 0.0, not_selected)[:, None]
+            else:
+                visible = row_selected[:, None] & ((block * PAGE + keys)[None, :] <= pos[:, None])
+                logits = gl.where(visible, s * logit_scale, float("-inf"))
+            p, alpha, m_i, l_i = fold_logits(logits, m_i, l_i, KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
             p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+            acc = acc * alpha[:, None]  # before the wait: rescales while V^T may still be decoding
             mbarrier.wait(v_ready.index(stage), phase)
-            acc = warpgroup_mma(p16, v_bufs.index(stage).permute((1, 0)), acc * alpha[:, None])
+            acc = warpgroup_mma(p16, v_bufs.index(stage).permute((1, 0)), acc)
         else:
             mbarrier.wait(v_ready.index(stage), phase)
         mbarrier.arrive(empty.index(stage), count=1)

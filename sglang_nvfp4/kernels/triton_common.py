@@ -8,8 +8,8 @@ way Triton's fused-attention tutorial factors ``_attn_fwd_inner`` out of its ker
   from :mod:`sglang_nvfp4.reference` (the contract's exp2 softmax);
 * the one E4M3 decoder, :func:`e4m3_decode`;
 * the page decoders :func:`load_k_tile` and :func:`load_vt_tile` (one page and KV head -> fp16 tile);
-* the attention kernels' online-softmax step :func:`online_softmax_step` and their final
-  normalise-and-store :func:`normalize_and_store`.
+* the attention kernels' online-softmax step :func:`online_softmax_step` (:func:`fold_logits` from ready
+  logits) and their final normalise-and-store :func:`normalize_and_store`.
 
 Tile values. An E2M1 code ``s e1 e0 m`` is rewritten as the E4M3 byte ``s << 7 | (e1 e0 m) << 2``,
 which is exactly ``e2m1 * 2**-6`` (code 1, the value 0.5, lands on an E4M3 subnormal), and converted
@@ -179,14 +179,21 @@ def online_softmax_step(s, visible, logit_scale, m_i, l_i,
     ``ROWS_MAY_SEE_NOTHING``: a row may have no visible key so far (its max stays ``-inf``): its
     exponentials are then taken against 0 instead, so that it keeps ``p = 0``, ``l = 0`` and no NaN.
     Decode passes False (every kept block's first key is visible to all rows), saving the select."""
-    s = tl.where(visible, s * logit_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=KEY_AXIS))
+    logits = tl.where(visible, s * logit_scale, float("-inf"))
+    return fold_logits(logits, m_i, l_i, KEY_AXIS, ROWS_MAY_SEE_NOTHING)
+
+
+@triton.jit
+def fold_logits(logits, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
+    """:func:`online_softmax_step` from base-2 logits (``-inf`` where not visible) ready-made: callers that
+    can mask more cheaply than per key (the Gluon prefill, on pages below every row's position) build them."""
+    m_new = tl.maximum(m_i, tl.max(logits, axis=KEY_AXIS))
     if ROWS_MAY_SEE_NOTHING:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
     alpha = tl.exp2(m_i - m_ref)
-    p = tl.exp2(s - tl.expand_dims(m_ref, KEY_AXIS))
+    p = tl.exp2(logits - tl.expand_dims(m_ref, KEY_AXIS))
     l_new = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
     return p, alpha, m_new, l_new
 
