@@ -14,7 +14,8 @@ is recorded as ``oom`` and the child goes on; any other error, or a pair running
 ends the child (recorded with the tail of its log) and a fresh child runs the remaining pairs.
 ``torch_native`` runs only pairs with batch x input <= ``--torch-native-max-tokens`` (the others are
 recorded as ``skipped`` with the reason). Every pair gets a ``status`` in ``attempts``: ok, oom, error,
-timeout, crashed, skipped, not_run.
+timeout, crashed, skipped, not_run. Profiling: one_batch's own ``--profile`` options through ``--sglang-args``;
+with ``SGLANG_TORCH_PROFILER_DIR`` set, each backend's traces go to a folder of that name under it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def child_main(argv: list) -> None:
     on, any other error is recorded and ends the process (its CUDA context may be broken)."""
     events_path, todo_spec, *rest = argv
     todo = {tuple(int(v) for v in p.split("x")) for p in todo_spec.split(",")}
+    if os.environ.get("SGLANG_TORCH_PROFILER_DIR"):  # one_batch's --profile traces: one folder per backend
+        backend = rest[rest.index("--attention-backend") + 1]
+        os.environ["SGLANG_TORCH_PROFILER_DIR"] = os.path.join(os.environ["SGLANG_TORCH_PROFILER_DIR"], backend)
 
     from sglang_nvfp4.sglang.plugin import register_and_apply
 
