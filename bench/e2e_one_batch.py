@@ -15,7 +15,8 @@ ends the child (recorded with the tail of its log) and a fresh child runs the re
 ``torch_native`` runs only pairs with batch x input <= ``--torch-native-max-tokens`` (the others are
 recorded as ``skipped`` with the reason). Every pair gets a ``status`` in ``attempts``: ok, oom, error,
 timeout, crashed, skipped, not_run. Profiling: one_batch's own ``--profile`` options through ``--sglang-args``;
-with ``SGLANG_TORCH_PROFILER_DIR`` set, each backend's traces go to a folder of that name under it.
+with ``SGLANG_TORCH_PROFILER_DIR`` set, each backend's traces go to a folder of that name under it, and with
+``NVFP4_PROFILE_STACKS=0`` the traces hold no Python stacks (one_batch's profiler records them, at a large host cost).
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ def child_main(argv: list) -> None:
     import sglang.benchmark.one_batch as ob
     import torch
 
+    if os.environ.get("NVFP4_PROFILE_STACKS") == "0":
+        # one_batch's profiler records Python stacks, which slow the host several-fold; this one records none.
+        def start_profile_without_stacks(profile_activities, profile_record_shapes=False, rank_print=print,
+                                         trace_filename=None):
+            kinds = {"CPU": torch.profiler.ProfilerActivity.CPU, "GPU": torch.profiler.ProfilerActivity.CUDA}
+            profiler = torch.profiler.profile(activities=[kinds[a] for a in profile_activities if a in kinds],
+                                              with_stack=False, record_shapes=profile_record_shapes)
+            profiler.start()
+            return profiler
+
+        ob.start_profile = start_profile_without_stacks
     original = ob.latency_test_run_once
     calls = [0]
     warmed_pairs = set()
