@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)}")
     ap.add_argument("--budget-s", type=float, default=520.0)
     ap.add_argument("--backends", nargs="+", default=["nvfp4_sparse", IN_TREE])
-    ap.add_argument("--kernel-t", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--kernel-t", type=int, nargs="*", default=[32768, 131072],
+                    help="prefill lengths of the kernels step (none: decode rows only)")
     ap.add_argument("--decode-table-cols", type=int, default=1032,
                     help="block-table width of the decode timings (one_batch's context for 128K inputs, "
                          "132096 tokens: 1032)")
@@ -164,7 +165,9 @@ def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
     from bench_kernels import decode_problem
     from timing import graph_ms
 
+    from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
+    from sglang_nvfp4.kernels import triton_decode
     from sglang_nvfp4.kernels import triton_indexer as ti
 
     q, cache, _, block_table, req, pos, ks, vs, scale = decode_problem(batch, ctx, gen)
@@ -179,8 +182,27 @@ def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
         row[f"select_step{step}_us"] = 1e3 * graph_ms(lambda: ti.select_learned_blocks(
             idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, decode_blocks_per_step=step))
     row["select_us"] = row[f"select_step{ti.LEARNED_DECODE_STEP}_us"]
-    row["attention_us"] = 1e3 * graph_ms(lambda: kernels.sparse_decode(q, cache, ids, wide, req, pos, ks, vs, scale,
-                                                                      out=out))
+
+    def attend():
+        return kernels.sparse_decode(q, cache, ids, wide, req, pos, ks, vs, scale, out=out)
+
+    row["attention_us"] = 1e3 * graph_ms(attend)
+    columns = triton_decode.COMBINE_COLUMNS
+    try:  # the split combine with one program per (token, KV head), as before COMBINE_COLUMNS
+        triton_decode.COMBINE_COLUMNS = fmt.HEAD_DIM
+        row["attention_whole_row_combine_us"] = 1e3 * graph_ms(attend)
+    finally:
+        triton_decode.COMBINE_COLUMNS = columns
+    # the step's cache write (each request's token on its own page): two parity launches, or one (the backend's
+    # decode write), and the index-key copy beside it
+    slots = block_table[req.long(), (pos // fmt.PAGE_SIZE).long()].long() * fmt.PAGE_SIZE + pos.long() % fmt.PAGE_SIZE
+    k_new, v_new = torch.randn(2, batch, HKV, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
+    for name, one in (("write_two_launches_us", False), ("write_one_launch_us", True)):
+        row[name] = 1e3 * graph_ms(lambda: kernels.write_kv(cache, slots, k_new, v_new, ks, vs,
+                                                             one_token_per_byte=one))
+    idx_k = torch.randn(batch, 1, 128, device=DEV, generator=gen).bfloat16()
+    row["index_key_write_us"] = 1e3 * graph_ms(lambda: keys.index_copy_(0, slots, idx_k[:, 0]))
+    row["layer_us"] = row["write_one_launch_us"] + row["index_key_write_us"] + row["select_us"] + row["attention_us"]
     return row
 
 
@@ -190,8 +212,12 @@ def run_kernels(bench: BenchRun, args) -> None:
     decode_rows = bench.results.setdefault("kernels_decode", [])
     for batch, ctx in ((1, 8192), (8, 8192), (8, 32768)):
         decode_rows.append(decode_case(batch, ctx, args.decode_table_cols, gen))
-        log(f"decode b{batch} ctx {ctx}: select {decode_rows[-1]['select_step64_us']:.1f} us (64 blocks per merge "
-            f"step) / {decode_rows[-1]['select_us']:.1f} us (256), attention {decode_rows[-1]['attention_us']:.1f} us")
+        r = decode_rows[-1]
+        log(f"decode b{batch} ctx {ctx}: select {r['select_us']:.1f} us ({r['select_step64_us']:.1f} with 64 blocks "
+            f"per merge step), attention {r['attention_us']:.1f} us ({r['attention_whole_row_combine_us']:.1f} "
+            f"whole-row combine), write "
+            f"{r['write_one_launch_us']:.1f} us (one launch) / {r['write_two_launches_us']:.1f} us (two), index keys "
+            f"{r['index_key_write_us']:.1f} us; layer {r['layer_us']:.1f} us")
         bench.save()
     for t in args.kernel_t:
         if bench.skip_reason(f"kernels T={t}", 60):

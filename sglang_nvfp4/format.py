@@ -194,13 +194,18 @@ def check_cache(cache: torch.Tensor, name: str = "cache") -> int:
     return cache.shape[1] // 2
 
 
-def write_kv(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale, v_scale) -> None:
+def write_kv(cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale, v_scale, *,
+             one_token_per_byte: bool = False) -> None:
     """Quantize ``k, v [N, Hkv, 128]`` and scatter them to ``slot = page * 128 + row``, in place.
 
     Only the written tokens' bytes change: a V byte shared with a neighbour token keeps its nibble.
-    ``slots`` must be distinct and inside the cache (checked: this is the reference path)."""
+    ``slots`` must be distinct and inside the cache (checked: this is the reference path). With
+    ``one_token_per_byte`` the caller also promises that no two slots share a V byte (``slot // 2``
+    distinct; the kernels then write in one launch): checked here too."""
     hkv = check_cache(cache)
     n = check_slots(slots, cache.shape[0] * PAGE_SIZE, distinct=True)
+    if one_token_per_byte and n and torch.unique(slots // 2).numel() != n:
+        raise ValueError("slots: one_token_per_byte, but two slots share a V byte (slot // 2)")
     for name, t in (("k", k), ("v", v)):
         if t.shape != (n, hkv, HEAD_DIM):
             raise ValueError(f"{name}: expected shape {(n, hkv, HEAD_DIM)}, got {tuple(t.shape)}")

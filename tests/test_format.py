@@ -205,6 +205,18 @@ def test_write_kv_rejects_bad_slots_without_touching_the_cache(slots, match):
     assert torch.equal(cache, before)
 
 
+def test_write_kv_checks_the_one_token_per_byte_promise():
+    # slots 4 and 5 share V bytes: the reference refuses the kernels' one-launch promise, cache untouched
+    cache = fmt.alloc_cache(1, 1).random_(0, 256, generator=torch.Generator().manual_seed(2))
+    before = cache.clone()
+    k, v = torch.randn(2, 2, 1, 128)
+    with pytest.raises(ValueError, match="share a V byte"):
+        fmt.write_kv(cache, torch.tensor([4, 5]), k, v, 1.0, 1.0, one_token_per_byte=True)
+    assert torch.equal(cache, before)
+    fmt.write_kv(cache, torch.tensor([4, 7]), k, v, 1.0, 1.0, one_token_per_byte=True)
+    assert not torch.equal(cache, before)
+
+
 def test_write_kv_rejects_bad_shapes():
     cache = fmt.alloc_cache(2, 2)
     with pytest.raises(ValueError, match="k:"):

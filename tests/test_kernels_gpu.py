@@ -159,6 +159,11 @@ def test_write_kv_bit_identical_on_gpu():
     kernels.write_kv(cache, slots, k, v, k_scale, 3.0)
     fmt.write_kv(want, slots.cpu(), k.cpu(), v.cpu(), 0.037, 3.0)
     assert torch.equal(cache.cpu(), want)
+    # a decode step's write in one launch: one token on each of 64 pages, even and odd rows
+    step = torch.arange(64, device=DEV) * 128 + torch.randint(0, 128, (64,), device=DEV, generator=gen)
+    kernels.write_kv(cache, step, k[:64], v[:64], k_scale, 3.0, one_token_per_byte=True)
+    fmt.write_kv(want, step.cpu(), k[:64].cpu(), v[:64].cpu(), 0.037, 3.0, one_token_per_byte=True)
+    assert torch.equal(cache.cpu(), want)
 
 
 @pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int32])

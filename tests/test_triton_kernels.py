@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 34  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+INTERPRETED_TESTS = 35  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
 
 
 def rel_err(a, b):
@@ -255,6 +255,19 @@ if INTERPRETED:
         k, v = _write_inputs(hkv, n, hkv, dtype)
         kernels.write_kv(cache, slots, k, v, k_scale, v_scale)
         fmt.write_kv(want, slots, k, v, k_scale, v_scale)
+        assert torch.equal(cache, want)
+
+    def test_write_kv_in_one_launch_when_no_two_slots_share_a_byte(forced_triton):
+        # a decode step: one token on each of 4 pages, even and odd rows (the neighbour's nibble survives), and a
+        # padded row (-1), written in the single launch
+        gen = torch.Generator().manual_seed(8)
+        cache = fmt.alloc_cache(5, 2).random_(0, 256, generator=gen)
+        want = cache.clone()
+        slots = torch.tensor([129, 256 + 6, 384 + 127, -1, 512])
+        k, v = _write_inputs(8, 5, 2, torch.bfloat16)
+        kernels.write_kv(cache, slots, k, v, 0.7, torch.tensor(1.5), one_token_per_byte=True)
+        keep = slots >= 0
+        fmt.write_kv(want, slots[keep], k[keep], v[keep], 0.7, 1.5)
         assert torch.equal(cache, want)
 
     def test_write_kv_skips_negative_slots(forced_triton):

@@ -243,21 +243,23 @@ def _validate_write_args(cache, slots, k, v) -> None:
 
 def cache_writer(device: torch.device | str):
     """The cache write for ``device``, resolved once (the KV pool asks at start-up): a function
-    ``(cache, slots, k, v, k_scale, v_scale)`` with :func:`sglang_nvfp4.format.write_kv`'s contract,
-    the reference itself or the Triton kernel behind the same argument checks."""
+    ``(cache, slots, k, v, k_scale, v_scale, *, one_token_per_byte=False)`` with
+    :func:`sglang_nvfp4.format.write_kv`'s contract, the reference itself or the Triton kernel behind the same
+    argument checks (it takes ``one_token_per_byte`` on trust: one launch instead of two)."""
     return fmt.write_kv if resolve_implementation(device) == "reference" else _triton_write_kv
 
 
-def _triton_write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
+def _triton_write_kv(cache, slots, k, v, k_scale, v_scale, *, one_token_per_byte: bool = False) -> None:
     _validate_write_args(cache, slots, k, v)
     from . import triton_write  # FlyDSL has no cache write: Triton serves it on every GPU
 
     triton_write.launch(
         cache, slots, k if k.stride(-1) == 1 else k.contiguous(), v if v.stride(-1) == 1 else v.contiguous(),
         fmt.global_scale(k_scale, cache.device, name="k_scale"), fmt.global_scale(v_scale, cache.device, name="v_scale"),
+        one_token_per_byte,
     )
 
 
-def write_kv(cache, slots, k, v, k_scale, v_scale) -> None:
+def write_kv(cache, slots, k, v, k_scale, v_scale, *, one_token_per_byte: bool = False) -> None:
     """Quantize ``k, v [N, Hkv, 128]`` into ``cache`` at ``slots [N]`` (see :func:`format.write_kv`)."""
-    cache_writer(cache.device)(cache, slots, k, v, k_scale, v_scale)
+    cache_writer(cache.device)(cache, slots, k, v, k_scale, v_scale, one_token_per_byte=one_token_per_byte)

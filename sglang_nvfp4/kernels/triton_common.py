@@ -199,13 +199,13 @@ def fold_logits(logits, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: 
 
 
 @triton.jit
-def normalize_and_store(out_rows, acc, l, out_scale, live):
+def normalize_and_store(out_rows, acc, l, out_scale, live, columns):
     """Write ``acc * out_scale / l`` to the output rows; rows with ``l == 0`` (no visible key) write 0.
 
-    ``out_rows``: ``[rows]`` pointers to dim 0 of each row (q's dtype); ``acc``: fp32 ``[rows, 128]``,
-    column ``c`` holding output dim ``vt_tile_dim(c)`` (``P.V`` with a V^T tile); ``l``: fp32 ``[rows]``;
-    ``live``: bool ``[rows]``, the rows to write."""
+    ``out_rows``: ``[rows]`` pointers to dim 0 of each row (q's dtype); ``acc``: fp32 ``[rows, C]``, its
+    ``columns [C]`` of ``P.V`` with a V^T tile (column ``c`` holds output dim ``vt_tile_dim(c)``; all 128, or a
+    slice); ``l``: fp32 ``[rows]``; ``live``: bool ``[rows]``, the rows to write."""
     norm = tl.where(l > 0, out_scale / tl.where(l > 0, l, 1.0), 0.0)
-    dims = vt_tile_dim(tl.arange(0, HEAD_DIM))
+    dims = vt_tile_dim(columns)
     out = (acc * norm[:, None]).to(out_rows.dtype.element_ty)
     tl.store(out_rows[:, None] + dims[None, :], out, mask=live[:, None])

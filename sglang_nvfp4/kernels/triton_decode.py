@@ -14,7 +14,7 @@ and converts them to the operand layout through shared memory, which bounds this
 (``bench/results/kernels_h200.md``); there the dispatcher runs :mod:`.gluon_decode` instead, which
 decodes straight into the operand layout.
 With ``SPLITS > 1`` each program writes its partial ``(acc, max, sum)`` and ``_combine_splits_kernel``
-merges them in split order (a split with no block adds exact zeros). The softmax step and the
+merges them in split order (a split with no block adds exact zeros), a slice of the columns per program. The softmax step and the
 final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
 """
 
@@ -45,6 +45,9 @@ DECODE_MAX_REGISTERS = 168  # NVIDIA: 3 programs per multiprocessor instead of 2
 # Splits per (token, KV head), whatever the batch size (batch invariance; one compile for all batch sizes).
 # Swept on the H200 at 32K context, batch 1-256 (bench/results/kernels_h200.md, 2026-12-01).
 DECODE_SPLITS = 4
+# Partial-sum columns per combine program: 4 programs per (token, KV head). Small batches have few (token, KV head)
+# pairs, and one program's 64 KB of partials (8 splits x 16 rows x 128 fp32) took 8.9 us at batch 8 on the H200.
+COMBINE_COLUMNS = 32
 
 
 @triton.jit
@@ -104,7 +107,8 @@ def _sparse_decode_kernel(
 
     if SPLITS == 1:
         out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
-        normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
+        normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live,
+                            tl.arange(0, HEAD_DIM))
     else:
         part = (token.to(tl.int64) * HKV + kv_head) * SPLITS + split
         tl.store(part_acc_ptr + part * ROWS * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], acc)
@@ -115,14 +119,15 @@ def _sparse_decode_kernel(
 @triton.jit
 def _combine_splits_kernel(
     out_ptr, part_acc_ptr, part_stats_ptr, v_scale, stride_ot, stride_oh,
-    HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, COLUMNS: tl.constexpr,
     V_SCALE_BY_POINTER: tl.constexpr,
 ):
+    """Program (token, KV head, slice of COLUMNS partial-sum columns): the split merge of that slice."""
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.arange(0, SPLITS)
     rows = tl.arange(0, ROWS)
-    dims = tl.arange(0, HEAD_DIM)
+    columns = tl.program_id(2) * COLUMNS + tl.arange(0, COLUMNS)
     part = (token.to(tl.int64) * HKV + kv_head) * SPLITS + split  # [SPLITS]
     stats = part_stats_ptr + part[:, None] * 2 * ROWS + rows[None, :]
     m = tl.load(stats)  # [SPLITS, ROWS]
@@ -132,12 +137,12 @@ def _combine_splits_kernel(
     weight = tl.exp2(m - m_ref[None, :])  # 0 for splits that saw nothing
     l_sum = tl.sum(weight * l, axis=0)
     acc = tl.load(part_acc_ptr + part[:, None, None] * ROWS * HEAD_DIM + rows[None, :, None] * HEAD_DIM
-                  + dims[None, None, :])
-    acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, 128]
+                  + columns[None, None, :])
+    acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, COLUMNS]
     out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
     head = kv_head * GROUP + rows
     normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale,
-                        rows < GROUP)
+                        rows < GROUP, columns)
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int = DECODE_SPLITS,
@@ -195,8 +200,8 @@ def combine_splits(out, part_acc, part_stats, v_scale, hkv: int, group: int, row
     ``part_acc``: fp32 ``[T, Hkv, splits, rows, 128]``, column ``c`` holding dim ``vt_tile_dim(c)``;
     ``part_stats``: fp32 ``[T, Hkv, splits, 2, rows]``, the running max (base 2) and sum of each row (a split
     that saw nothing: ``-inf`` and 0). The Gluon decode writes the same partials."""
-    _combine_splits_kernel[(out.shape[0], hkv)](
+    _combine_splits_kernel[(out.shape[0], hkv, HEAD_DIM // COMBINE_COLUMNS)](
         out, part_acc, part_stats, v_scale, out.stride(0), out.stride(1),
-        HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
-        num_warps=4,
+        HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, COLUMNS=COMBINE_COLUMNS,
+        V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor), num_warps=4,
     )

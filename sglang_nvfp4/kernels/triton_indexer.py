@@ -345,6 +345,13 @@ def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: in
     )
 
 
+def _select_warps(tokens: int) -> int:
+    """Warps of a selection program of ``tokens`` rows. A one-token program (decode) is a chain of small
+    reductions, which one warp does without cross-warp barriers: 35.3 against 36.8 us (4 warps) for scores and
+    selection at batch 8, 32K context, on the H200 (``bench/results/m3_h200.md``)."""
+    return 1 if tokens == 1 else 4 if tokens <= 32 else 8
+
+
 def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_blocks: int, local_blocks: int,
                          tokens: int, blocks_per_step: int = BLOCKS_PER_STEP) -> None:
     """The selection rule over ``scores [Hi, n, S]`` of the tokens with positions ``pos [n]``, written to
@@ -356,7 +363,7 @@ def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_bloc
     _select_scored_kernel[(triton.cdiv(n, tokens), heads)](
         scores, pos, block_ids, n, cols, tok0, block_ids.shape[1], sink_blocks, local_blocks,
         TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens, BLOCKS=blocks_per_step,
-        num_warps=4 if tokens <= 32 else 8,
+        num_warps=_select_warps(tokens),
     )
 
 

@@ -179,7 +179,8 @@ def _sparse_prefill_kernel(
         vt = load_vt_tile(cache_ptr, page_base + (HKV + kv_head) * BLOCK_WORDS, key_live, USE_PTX)
         acc = tl.dot(p.to(tl.float16), tl.trans(vt), acc * alpha[:, None])
 
-    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live)
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_i, out_scale, live,
+                            tl.arange(0, HEAD_DIM))
 
 
 def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int):

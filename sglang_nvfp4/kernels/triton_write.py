@@ -10,7 +10,11 @@ exact decoded scale.
 
 A V byte holds two tokens (even token low nibble, odd token high nibble), so tokens are written in
 two launches, even rows then odd rows: inside a launch no two programs touch the same byte, and the
-read-modify-write of a byte keeps the neighbour's nibble. Negative slots are skipped (padding).
+read-modify-write of a byte keeps the neighbour's nibble. A caller that knows no two of its slots share
+a V byte (``slot // 2`` distinct: a decode step, one token per request on its own pages) asks for one
+launch (``one_token_per_byte``). K and V are written by separate programs (grid axis 2): decode writes a
+few tokens, so a launch's time is one program's chain of loads, quantization and stores. Negative slots
+are skipped (padding).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ E4M3_MAX = tl.constexpr(fmt.E4M3_MAX)
     (tl.constexpr(t), tl.constexpr(up)) for t, up in fmt.E2M1_THRESHOLDS
 )
 TOKENS_PER_PROGRAM = 16
+ANY_PARITY = tl.constexpr(2)  # a PARITY that writes every slot
 
 
 @triton.jit
@@ -104,44 +109,51 @@ def _write_kv_kernel(
     HKV: tl.constexpr, PARITY: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr,
 ):
+    """Program (tokens, KV head, K or V): ``PARITY`` 0 or 1 writes the slots of that parity only, ``ANY_PARITY``
+    every slot (the caller's slots share no V byte)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_head = tl.program_id(1)
     slot = tl.load(slots_ptr + n, mask=n < N, other=-1).to(tl.int64)
-    active = (slot >= 0) & (slot % 2 == PARITY)
+    active = slot >= 0
+    if PARITY != ANY_PARITY:
+        active = active & (slot % 2 == PARITY)
     page = slot // PAGE
     row = slot % PAGE
-    k_block = page * (2 * HKV * BLOCK_BYTES) + kv_head * BLOCK_BYTES
-    v_block = page * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
     dims = tl.arange(0, HEAD_DIM)
     n64 = n.to(tl.int64)
 
-    # K: row `row` of the head's K block, codes then scales.
-    x = tl.load(k_ptr + n64[:, None] * stride_kn + kv_head * stride_kh + dims[None, :], mask=active[:, None],
-                other=0.0).to(tl.float32)
-    codes, scales = quantize_rows(x, global_scale(k_scale, K_SCALE_BY_POINTER))
-    even, odd = tl.split(tl.reshape(codes, (BLOCK_N, CODE_BYTES, 2)))
-    k_row = cache_ptr + k_block[:, None] + row[:, None] * ROW
-    tl.store(k_row + tl.arange(0, CODE_BYTES)[None, :], (even | (odd << 4)).to(tl.uint8), mask=active[:, None])
-    tl.store(k_row + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :], scales.to(tl.uint8), mask=active[:, None])
+    if tl.program_id(2) == 0:
+        # K: row `row` of the head's K block, codes then scales.
+        k_block = page * (2 * HKV * BLOCK_BYTES) + kv_head * BLOCK_BYTES
+        x = tl.load(k_ptr + n64[:, None] * stride_kn + kv_head * stride_kh + dims[None, :], mask=active[:, None],
+                    other=0.0).to(tl.float32)
+        codes, scales = quantize_rows(x, global_scale(k_scale, K_SCALE_BY_POINTER))
+        even, odd = tl.split(tl.reshape(codes, (BLOCK_N, CODE_BYTES, 2)))
+        k_row = cache_ptr + k_block[:, None] + row[:, None] * ROW
+        tl.store(k_row + tl.arange(0, CODE_BYTES)[None, :], (even | (odd << 4)).to(tl.uint8), mask=active[:, None])
+        tl.store(k_row + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :], scales.to(tl.uint8), mask=active[:, None])
+    else:
+        # V^T: dim d of the token is a nibble of byte row // 2 in row d (low nibble for an even row); the token's
+        # scale of group g is byte SCALE_OFFSET + row % 8 of row V_SCALE_ROWS_PER_GROUP * g + row // 8.
+        v_block = page * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
+        x = tl.load(v_ptr + n64[:, None] * stride_vn + kv_head * stride_vh + dims[None, :], mask=active[:, None],
+                    other=0.0).to(tl.float32)
+        codes, scales = quantize_rows(x, global_scale(v_scale, V_SCALE_BY_POINTER))
+        shift = (4 * (row % 2)).to(tl.int32)[:, None]
+        byte_ptr = cache_ptr + v_block[:, None] + dims[None, :] * ROW + (row // 2)[:, None]
+        old = tl.load(byte_ptr, mask=active[:, None], other=0).to(tl.int32)
+        new = (old & (0xF0 >> shift)) | (codes << shift)
+        tl.store(byte_ptr, new.to(tl.uint8), mask=active[:, None])
+        groups = tl.arange(0, NUM_GROUPS)[None, :]
+        scale_ptr = (cache_ptr + v_block[:, None] + (groups * V_SCALE_ROWS_PER_GROUP + (row // V_SCALES_PER_ROW)[:, None])
+                     * ROW + SCALE_OFFSET + (row % V_SCALES_PER_ROW)[:, None])
+        tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
 
-    # V^T: dim d of the token is a nibble of byte row // 2 in row d; the token's scale of group g is
-    # byte SCALE_OFFSET + row % 8 of row V_SCALE_ROWS_PER_GROUP * g + row // 8.
-    x = tl.load(v_ptr + n64[:, None] * stride_vn + kv_head * stride_vh + dims[None, :], mask=active[:, None],
-                other=0.0).to(tl.float32)
-    codes, scales = quantize_rows(x, global_scale(v_scale, V_SCALE_BY_POINTER))
-    byte_ptr = cache_ptr + v_block[:, None] + dims[None, :] * ROW + (row // 2)[:, None]
-    old = tl.load(byte_ptr, mask=active[:, None], other=0).to(tl.int32)
-    new = (old & (0xF0 >> (4 * PARITY))) | (codes << (4 * PARITY))
-    tl.store(byte_ptr, new.to(tl.uint8), mask=active[:, None])
-    groups = tl.arange(0, NUM_GROUPS)[None, :]
-    scale_ptr = (cache_ptr + v_block[:, None] + (groups * V_SCALE_ROWS_PER_GROUP + (row // V_SCALES_PER_ROW)[:, None]) * ROW
-                 + SCALE_OFFSET + (row % V_SCALES_PER_ROW)[:, None])
-    tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
 
-
-def launch(cache, slots, k, v, k_scale, v_scale) -> None:
-    """Cache write (:func:`sglang_nvfp4.kernels.write_kv`): launch the two parity passes; arguments
-    as validated by the dispatcher.
+def launch(cache, slots, k, v, k_scale, v_scale, one_token_per_byte: bool = False) -> None:
+    """Cache write (:func:`sglang_nvfp4.kernels.write_kv`): launch the two parity passes, or one launch with
+    ``one_token_per_byte`` (the caller's promise that no two slots share a V byte, ``slot // 2``); arguments as
+    validated by the dispatcher.
 
     ``cache``: uint8 ``[pages, 2 * Hkv, 128, 72]``, written in place; ``slots [N]`` int32/int64 distinct
     (negative: skipped); ``k, v [N, Hkv, 128]`` (bf16/fp16/fp32) with unit stride in the last dim;
@@ -150,9 +162,9 @@ def launch(cache, slots, k, v, k_scale, v_scale) -> None:
     if n == 0:
         return
     hkv = cache.shape[1] // 2
-    grid = (triton.cdiv(n, TOKENS_PER_PROGRAM), hkv)
+    grid = (triton.cdiv(n, TOKENS_PER_PROGRAM), hkv, 2)
     slots = slots.contiguous()
-    for parity in (0, 1):
+    for parity in (ANY_PARITY.value,) if one_token_per_byte else (0, 1):
         _write_kv_kernel[grid](
             cache, slots, k, v, k_scale, v_scale,
             n, k.stride(0), k.stride(1), v.stride(0), v.stride(1),

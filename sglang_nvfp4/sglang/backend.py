@@ -202,7 +202,10 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             raise NotImplementedError(f"{BACKEND_NAME}: attention sinks are not supported")
         pool = self.token_to_kv_pool
         if save_kv_cache and k is not None and v is not None:
-            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, model_inputs=model_inputs)
+            # A decode step writes one token per request, each on a page of its own (padded CUDA-graph rows:
+            # slot 0, a reserved page): no two slots share a V byte, so the write takes one launch.
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, model_inputs=model_inputs,
+                               one_token_per_byte=forward_batch.forward_mode.is_decode())
         md = self.forward_metadata
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         cache = pool.layer_cache(layer.layer_id)

@@ -111,10 +111,12 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         return k_bytes + (self._indexer.state_nbytes() if self._indexer is not None else 0), v_bytes
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
-                      layer_id_override=None, dcp_kv_mask=None, model_inputs=None):
+                      layer_id_override=None, dcp_kv_mask=None, model_inputs=None, one_token_per_byte=False):
         """Quantize ``cache_k/cache_v [N, Hkv*128]`` (or ``[N, Hkv, 128]``) into the slots of ``loc_info``
         and tell the indexer, with ``model_inputs`` (a dict the backend forwards from the model's attention
-        call, e.g. MiniMax-M3's index keys; beyond SGLang's signature).
+        call, e.g. MiniMax-M3's index keys) and ``one_token_per_byte`` (the backend's promise for a decode
+        step that no two slots share a V byte: :func:`sglang_nvfp4.kernels.write_kv`); both beyond SGLang's
+        signature.
 
         ``k_scale``/``v_scale`` are ignored: the pool always uses the layer's global scales
         (:func:`layer_scales`) so that writes and attention agree."""
@@ -126,7 +128,7 @@ class NVFP4TokenToKVPool(MHATokenToKVPool):
         cache = self.layer_cache(layer_id)
         k = cache_k.view(-1, self.head_num, fmt.HEAD_DIM)
         v = cache_v.view(-1, self.head_num, fmt.HEAD_DIM)
-        self._write_kv(cache, loc, k, v, ks, vs)
+        self._write_kv(cache, loc, k, v, ks, vs, one_token_per_byte=one_token_per_byte)
         if self._indexer is not None:
             self._indexer.on_kv_written(layer_id - self.start_layer, cache, loc, **(model_inputs or {}))
 
