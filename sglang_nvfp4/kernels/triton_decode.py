@@ -14,8 +14,9 @@ and converts them to the operand layout through shared memory, which bounds this
 (``bench/results/kernels_h200.md``); there the dispatcher runs :mod:`.gluon_decode` instead, which
 decodes straight into the operand layout.
 With ``SPLITS > 1`` each program writes its partial ``(acc, max, sum)`` and ``_combine_splits_kernel``
-merges them in split order (a split with no block adds exact zeros), a slice of the columns per program. The softmax step and the
-final normalisation are the prefill kernel's (:mod:`.triton_common`), on the transposed tiles.
+merges them in split order (a split with no block adds exact zeros), a slice of the columns per program.
+The softmax step and the final normalisation are the prefill kernel's (:mod:`.triton_common`), on the
+transposed tiles.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ DECODE_MAX_REGISTERS = 168  # NVIDIA: 3 programs per multiprocessor instead of 2
 # Swept on the H200 at 32K context, batch 1-256 (bench/results/kernels_h200.md, 2026-12-01).
 DECODE_SPLITS = 4
 # Partial-sum columns per combine program: 4 programs per (token, KV head). Small batches have few (token, KV head)
-# pairs, and one program's 64 KB of partials (8 splits x 16 rows x 128 fp32) took 8.9 us at batch 8 on the H200.
+# pairs: with one program per pair reading 64 KB of the Gluon decode's partials (8 splits x 16 rows x 128 fp32), the
+# combine took 8.9 us at batch 8 on the H200; the slices save 5 us (bench/results/m3_h200.md, 2026-12-03).
 COMBINE_COLUMNS = 32
 
 
