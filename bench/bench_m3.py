@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--backends", nargs="+", default=["nvfp4_sparse", IN_TREE])
     ap.add_argument("--kernel-t", type=int, nargs="*", default=[32768, 131072],
                     help="prefill lengths of the kernels step (none: decode rows only)")
+    ap.add_argument("--score-sweep", action="store_true",
+                    help="kernels step: also time launch variants of the learned indexer's scores and top-k")
     ap.add_argument("--decode-table-cols", type=int, default=1032,
                     help="block-table width of the decode timings (one_batch's context for 128K inputs, "
                          "132096 tokens: 1032)")
@@ -77,7 +79,81 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---- kernels ---------------------------------------------------------------------------------------------
-def kernel_case(t: int, gen: torch.Generator) -> dict:
+# Launch variants of the learned indexer's two prefill stages timed by --score-sweep, the first of each the default:
+# scores (tokens per program, blocks per program, warps, pipeline stages; None = Triton's default) and top-k
+# (tokens per program, blocks per merge step, warps).
+SCORE_VARIANTS = ((64, 16, 8, 2), (64, 16, 8, None), (32, 16, 8, None), (32, 16, 8, 2), (32, 16, 8, 4),
+                  (32, 16, 4, None), (32, 32, 8, None), (32, 8, 8, None), (16, 16, 4, None), (16, 16, 8, None))
+TOPK_VARIANTS = ((32, 32, 4), (64, 64, 8), (64, 64, 4), (32, 64, 4), (128, 64, 8), (64, 32, 8), (64, 128, 8),
+                 (16, 64, 4))
+
+
+def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list, list]:
+    """Each of SCORE_VARIANTS and TOPK_VARIANTS timed (after an untimed run) over one reused score buffer, with
+    the fraction of block sets equal to ``expected_ids`` (the default chain's) when the other stage is the
+    default."""
+    from timing import bench_ms
+
+    from sglang_nvfp4.kernels import triton_indexer as ti
+
+    t, cols = pos.shape[0], block_table.shape[1]
+    flat = torch.empty(ti.LEARNED_SCORE_BYTES // 4 + INDEX_HEADS * 128 * cols, dtype=torch.float32, device=DEV)
+    ids = torch.empty_like(expected_ids)
+
+    def chunk_views(tokens):
+        return [(c0, n, flat[: INDEX_HEADS * n * cols].view(INDEX_HEADS, n, cols))
+                for c0, n in ti.learned_score_chunks(t, INDEX_HEADS, cols, tokens)]
+
+    def chain(score_variant, topk_variant):
+        tokens, blocks, warps, stages = score_variant
+        sel_tokens, step, sel_warps = topk_variant
+        for c0, n, scores in chunk_views(tokens):
+            part = slice(c0, c0 + n)
+            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
+                                    num_warps=warps, num_stages=stages)
+            ti.select_scored_blocks(scores, pos[part], ids, c0, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, sel_tokens,
+                                    step, num_warps=sel_warps)
+
+    def identical():
+        return (torch.sort(ids, dim=-1).values == torch.sort(expected_ids, dim=-1).values).all(dim=-1).float().mean()
+
+    score_rows, topk_rows = [], []
+    for variant in SCORE_VARIANTS:
+        tokens, blocks, warps, stages = variant
+        views = chunk_views(tokens)
+
+        def scores_only():
+            for c0, n, scores in views:
+                part = slice(c0, c0 + n)
+                ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
+                                        num_warps=warps, num_stages=stages)
+        try:
+            chain(variant, TOPK_VARIANTS[0])
+            same = identical().item()
+            score_rows.append(dict(tokens=tokens, blocks=blocks, warps=warps, stages=stages, identical=same,
+                                   ms=bench_ms(scores_only)))
+        except Exception as exc:  # e.g. out of shared memory or registers: recorded, the sweep goes on
+            score_rows.append(dict(tokens=tokens, blocks=blocks, warps=warps, stages=stages, error=repr(exc)[:300]))
+        log(f"  scores {variant}: {score_rows[-1]}")
+    views = chunk_views(SCORE_VARIANTS[0][0])
+    for variant in TOPK_VARIANTS:
+        sel_tokens, step, sel_warps = variant
+
+        def topk_only():  # per chunk as in the chain; the one buffer holds the last chunk's scores (same masks)
+            for c0, n, scores in views:
+                ti.select_scored_blocks(scores, pos[c0 : c0 + n], ids, c0, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1,
+                                        sel_tokens, step, num_warps=sel_warps)
+        try:
+            chain(SCORE_VARIANTS[0], variant)
+            same = identical().item()
+            topk_rows.append(dict(tokens=sel_tokens, step=step, warps=sel_warps, identical=same, ms=bench_ms(topk_only)))
+        except Exception as exc:
+            topk_rows.append(dict(tokens=sel_tokens, step=step, warps=sel_warps, error=repr(exc)[:300]))
+        log(f"  top-k {variant}: {topk_rows[-1]}")
+    return score_rows, topk_rows
+
+
+def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
     from bench_kernels import InTreeSparse, one_request, random_blocks
     from sglang.kernels.ops.attention.minimax_sparse.prefill.flash_with_topk_idx import flash_prefill_with_topk_index
     from timing import bench_ms
@@ -102,7 +178,8 @@ def kernel_case(t: int, gen: torch.Generator) -> dict:
         return ti.select_learned_blocks(idx_q, keys, block_table, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1)
 
     ours_ids = ours_select()
-    tokens, blocks = ti.learned_tiling(t, 1, INDEX_HEADS)
+    tokens, blocks = ti.learned_tiling(t, 1, INDEX_HEADS, ti.LEARNED_PREFILL_ROWS)
+    stages = ti.LEARNED_PREFILL_STAGES
     chunks = ti.learned_score_chunks(t, INDEX_HEADS, block_table.shape[1], tokens)
     scores = [torch.empty(INDEX_HEADS, n, block_table.shape[1], dtype=torch.float32, device=DEV) for _, n in chunks]
     scratch_ids = torch.empty_like(ours_ids)
@@ -110,15 +187,18 @@ def kernel_case(t: int, gen: torch.Generator) -> dict:
     def ours_scores():  # the two stages of the chained call, timed apart (one score buffer per chunk)
         for (c0, n), chunk_scores in zip(chunks, scores):
             part = slice(c0, c0 + n)
-            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], chunk_scores, tokens, blocks)
+            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], chunk_scores, tokens, blocks,
+                                    num_stages=stages)
 
     def ours_topk():
         for (c0, n), chunk_scores in zip(chunks, scores):
             ti.select_scored_blocks(chunk_scores, pos[c0 : c0 + n], scratch_ids, c0, TOPK, INIT_BLOCKS,
-                                    LOCAL_BLOCKS - 1, 64)
+                                    LOCAL_BLOCKS - 1, ti.SCORED_SELECT_TOKENS, ti.SCORED_SELECT_STEP)
 
     ours_scores()
     ours_topk()
+    if sweep:
+        row["score_sweep"], row["topk_sweep"] = score_sweep(idx_q, keys, block_table, req, pos, ours_ids)
     row["score_chunks"] = len(chunks)
     row["ours_select_ms"] = bench_ms(ours_select)
     row["ours_scores_ms"] = bench_ms(ours_scores)
@@ -222,7 +302,7 @@ def run_kernels(bench: BenchRun, args) -> None:
     for t in args.kernel_t:
         if bench.skip_reason(f"kernels T={t}", 60):
             break
-        row = kernel_case(t, gen)
+        row = kernel_case(t, gen, args.score_sweep)
         rows.append(row)
         log(f"kernels T={t}: select ours {row['ours_select_ms']:.2f} ms (scores {row['ours_scores_ms']:.2f}, "
             f"top-k {row['ours_topk_ms']:.2f}) vs in-tree {row['in_tree_select_ms']:.2f}; attention ours "

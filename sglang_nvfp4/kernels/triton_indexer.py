@@ -215,6 +215,14 @@ def select_top_blocks(queries: torch.Tensor, keys: torch.Tensor, block_table: to
 # ---- the learned indexer (MiniMax-M3): index-key scores per block, then the same top-k ----------------
 LEARNED_SCORE_BYTES = 1 << 28  # fp32 block scores held at once; longer prefills are scored in token chunks
 LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection program (decode: few programs)
+# Prefill launches of the learned indexer, from the sweep of bench/bench_m3.py --score-sweep on the H200
+# (bench/results/m3_h200.md, 2026-12-03, 14:05 UTC; 128K tokens, 4 index heads, per layer): scores in programs of
+# 256 (token, head) rows, 2 pipeline stages: 22.8 ms against 28.0 (128 rows, Triton's 3 stages): each key tile
+# loaded serves twice the rows. Selection over stored scores in programs of 32 tokens, 32 blocks per merge step,
+# 4 warps: 4.9 ms against 5.8 (64 tokens, 64 blocks, 8 warps); the proxy indexer's selection is the same kernel
+# on the same [heads, T, S] scores and takes it too.
+LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 256, 2
+SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 32
 
 
 @triton.jit
@@ -296,14 +304,15 @@ def _select_scored_kernel(scores_ptr, pos_ptr, block_ids_ptr, num_tokens, num_co
     _store_top_k(best_id, out, in_range, TOPK, KPAD)
 
 
-def learned_tiling(num_tokens: int, num_rows: int, heads: int) -> tuple[int, int]:
+def learned_tiling(num_tokens: int, num_rows: int, heads: int, prefill_rows: int = 128) -> tuple[int, int]:
     """(tokens per program, blocks per score program): decode-like batches (``T <= R``, about one token per
     request) take one token per program and 4 blocks per program (more programs per token); prefill
-    tiles take 128 rows of (token, head) and 16 blocks: 32 tokens of 4 index heads, 128 tokens of one
-    head (the proxy indexer's programs serve one KV head each)."""
+    tiles take ``prefill_rows`` rows of (token, head) and 16 blocks: the learned indexer 256 rows, 64 tokens of
+    4 index heads (``LEARNED_PREFILL_ROWS``); the proxy indexer 128 tokens of one head (its programs serve one
+    KV head each, and decode each key tile from NVFP4)."""
     if num_tokens <= num_rows:
         return 1, 4
-    return max(1, 128 // triton.next_power_of_2(heads)), 16
+    return max(1, prefill_rows // triton.next_power_of_2(heads)), 16
 
 
 def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
@@ -314,9 +323,11 @@ def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
     return [(c0, min(chunk, num_tokens - c0)) for c0 in range(0, num_tokens, chunk)]
 
 
-def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int, blocks: int) -> None:
+def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int, blocks: int, *,
+                         num_warps: int | None = None, num_stages: int | None = None) -> None:
     """Block scores of the tokens of ``idx_q [n, Hi, D]`` (same dtype as ``keys``, contiguous), ``req`` and
-    ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible blocks only; contiguous)."""
+    ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible blocks only; contiguous). ``num_warps`` and
+    ``num_stages`` override the launch defaults (``bench/bench_m3.py`` sweeps them)."""
     n, heads, d = idx_q.shape
     if not (scores.is_contiguous() and idx_q.is_contiguous() and keys.is_contiguous()):
         raise ValueError("learned_block_scores: idx_q, keys and scores must be contiguous")
@@ -326,7 +337,7 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
         idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False, USE_PTX=False,
-        num_warps=4 if rows <= 64 else 8,
+        num_warps=num_warps or (4 if rows <= 64 else 8), **({"num_stages": num_stages} if num_stages else {}),
     )
 
 
@@ -353,17 +364,17 @@ def _select_warps(tokens: int) -> int:
 
 
 def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_blocks: int, local_blocks: int,
-                         tokens: int, blocks_per_step: int = BLOCKS_PER_STEP) -> None:
+                         tokens: int, blocks_per_step: int = BLOCKS_PER_STEP, *, num_warps: int | None = None) -> None:
     """The selection rule over ``scores [Hi, n, S]`` of the tokens with positions ``pos [n]``, written to
     ``block_ids [Hi, T, topk]`` from column ``tok0``; ``tokens`` per program, ``blocks_per_step`` blocks
-    merged into the running top-k at a time."""
+    merged into the running top-k at a time; ``num_warps`` overrides :func:`_select_warps`."""
     heads, n, cols = scores.shape
     if not (scores.is_contiguous() and block_ids.is_contiguous()):
         raise ValueError("select_scored_blocks: scores and block_ids must be contiguous")
     _select_scored_kernel[(triton.cdiv(n, tokens), heads)](
         scores, pos, block_ids, n, cols, tok0, block_ids.shape[1], sink_blocks, local_blocks,
         TOPK=topk, KPAD=triton.next_power_of_2(topk), TOKENS=tokens, BLOCKS=blocks_per_step,
-        num_warps=_select_warps(tokens),
+        num_warps=num_warps or _select_warps(tokens),
     )
 
 
@@ -375,7 +386,7 @@ def _select_in_chunks(score_chunk, heads: int, block_table, req, pos, topk: int,
     ``decode_blocks_per_step`` blocks at a time: fewer, wider merges."""
     t, cols = pos.shape[0], block_table.shape[1]
     block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=pos.device)
-    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (64, BLOCKS_PER_STEP)
+    select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (SCORED_SELECT_TOKENS, SCORED_SELECT_STEP)
     for c0, n in learned_score_chunks(t, heads, cols, tokens, score_bytes):
         scores = torch.empty(heads, n, cols, dtype=torch.float32, device=pos.device)
         part = slice(c0, c0 + n)
@@ -397,10 +408,12 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
     t, heads, _ = idx_q.shape
     idx_q = idx_q.to(keys.dtype).contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    tokens, blocks = learned_tiling(t, block_table.shape[0], heads)
+    tokens, blocks = learned_tiling(t, block_table.shape[0], heads, LEARNED_PREFILL_ROWS)
+    stages = None if tokens == 1 else LEARNED_PREFILL_STAGES
 
     def score_chunk(part, scores):
-        learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks)
+        learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
+                             num_stages=stages)
 
     return _select_in_chunks(score_chunk, heads, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
                              score_bytes, decode_blocks_per_step)
