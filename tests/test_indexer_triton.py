@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from problems import make_problem
-from triton_interpreter import run_module_interpreted
+from triton_interpreter import assert_module_passed, register_module
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import BlockSummaries, aggregate_queries, select_blocks
 from test_indexer import exact_problem, request_slots
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
+register_module(__file__, expected_passed=3, timeout=900)
 
 
 def check_summary_kernel(device):
@@ -155,7 +156,7 @@ else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
     def test_kernels_under_the_triton_interpreter():
-        run_module_interpreted(__file__, 3, timeout=900)
+        assert_module_passed(__file__)
 
     @pytest.mark.gpu
     @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA/ROCm device")

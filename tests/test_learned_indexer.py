@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from problems import shuffled_block_table
-from triton_interpreter import run_module_interpreted
+from triton_interpreter import assert_module_passed, register_module
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import IndexKeys, LearnedIndexer, StateBytes, select_blocks_learned
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
+register_module(__file__, expected_passed=10, timeout=900)  # the torch tests run there too
 D = 128
 
 
@@ -183,7 +184,7 @@ else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
     def test_learned_kernels_under_the_triton_interpreter():
-        run_module_interpreted(__file__, 10, timeout=900)  # the torch tests run there too
+        assert_module_passed(__file__)
 
     @pytest.mark.gpu
     @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA device")

@@ -42,7 +42,10 @@ def prompts():
 
 def serve(model_dir: str, tp: int, prompts) -> dict:
     short, long_text = prompts
-    with LocalServer(model_dir, "nvfp4_sparse", extra_args=[*SERVER_ARGS, "--tp-size", str(tp)], env=SPARSE_ENV) as srv:
+    # One OpenMP thread per rank at TP 2: two ranks of two threads each on CI's two cores made the five requests
+    # take 25 s instead of 4 (threads spinning on one another's cores).
+    env = {**SPARSE_ENV, "OMP_NUM_THREADS": "1"} if tp > 1 else SPARSE_ENV
+    with LocalServer(model_dir, "nvfp4_sparse", extra_args=[*SERVER_ARGS, "--tp-size", str(tp)], env=env) as srv:
         answers = [srv.generate(p, max_new_tokens=4, return_logprob=True) for p in short]
         long_answer = srv.generate(long_text, max_new_tokens=4, return_logprob=True)
     return {"short": answers, "long": long_answer, "log": srv.log_tail(500_000)}

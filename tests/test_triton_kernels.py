@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from problems import assert_batch_invariant, call_args, make_problem, random_block_ids
-from triton_interpreter import run_module_interpreted
+from triton_interpreter import assert_module_passed, register_module
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
 from sglang_nvfp4.indexer import all_visible_blocks
@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED_TESTS = 35  # tests the subprocess must pass (the ones defined under ``if INTERPRETED``)
+register_module(__file__, expected_passed=35, timeout=1200)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
@@ -284,7 +284,7 @@ else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
     def test_kernels_under_the_triton_interpreter():
-        run_module_interpreted(__file__, INTERPRETED_TESTS, timeout=1200)
+        assert_module_passed(__file__)
 
     @pytest.mark.parametrize("field, bad", [
         ("slots", lambda s, k, v: (s.float(), k, v)),
