@@ -55,6 +55,10 @@ def cpu_tp_env(tp: int, env: dict) -> dict:
 
     * ``SGLANG_CPU_OMP_THREADS_BIND``: without it SGLang allows at most one rank per NUMA node; the
       visible cores are split evenly between the ranks instead.
+    * ``OMP_NUM_THREADS``: each rank's share of the cores. SGLang pins a rank's threads to its cores only with
+      the AMX / arm64 kernels; elsewhere every rank started one OpenMP thread per visible core, and two ranks
+      of two threads on two cores spun on each other (``tests/test_server_tp_cpu.py``'s five requests: 25 s,
+      against 4 s with one thread per rank).
     * ``SGLANG_NCCL_SO_PATH`` set to a path that does not exist: with a CUDA build of torch SGLang
       loads NCCL for the CPU group and then fails on ``torch.cuda.device("cpu")``; a library that
       cannot be loaded disables that communicator, and the ranks all-reduce through gloo.
@@ -67,6 +71,7 @@ def cpu_tp_env(tp: int, env: dict) -> dict:
     groups = [cores[i * share:(i + 1) * share] for i in range(tp)]
     bind = "|".join(",".join(map(str, g)) for g in groups)
     return {"SGLANG_CPU_OMP_THREADS_BIND": env.get("SGLANG_CPU_OMP_THREADS_BIND", bind),
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(share)),
             "SGLANG_NCCL_SO_PATH": env.get("SGLANG_NCCL_SO_PATH", "/nonexistent/libnccl-disabled-for-cpu-tp.so")}
 
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("sglang.srt")
 
-from sglang_nvfp4.local_server import LocalServer  # noqa: E402
+from sglang_nvfp4.local_server import LocalServer, cpu_tp_env  # noqa: E402
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text  # noqa: E402
 
 if len(os.sched_getaffinity(0)) < 2:
@@ -42,10 +42,7 @@ def prompts():
 
 def serve(model_dir: str, tp: int, prompts) -> dict:
     short, long_text = prompts
-    # One OpenMP thread per rank at TP 2: two ranks of two threads each on CI's two cores made the five requests
-    # take 25 s instead of 4 (threads spinning on one another's cores).
-    env = {**SPARSE_ENV, "OMP_NUM_THREADS": "1"} if tp > 1 else SPARSE_ENV
-    with LocalServer(model_dir, "nvfp4_sparse", extra_args=[*SERVER_ARGS, "--tp-size", str(tp)], env=env) as srv:
+    with LocalServer(model_dir, "nvfp4_sparse", extra_args=[*SERVER_ARGS, "--tp-size", str(tp)], env=SPARSE_ENV) as srv:
         answers = [srv.generate(p, max_new_tokens=4, return_logprob=True) for p in short]
         long_answer = srv.generate(long_text, max_new_tokens=4, return_logprob=True)
     return {"short": answers, "long": long_answer, "log": srv.log_tail(500_000)}
@@ -90,3 +87,14 @@ def test_long_prompt_is_served_sparse_at_tp2(tp1, tp2):
     (lp1, tok1), (lp2, tok2) = first_token(tp1["long"]), first_token(tp2["long"])
     # the block selection may differ where rounding moved a block summary; the answer stays close
     assert abs(lp1 - lp2) < 0.5, (lp1, lp2, tok1, tok2)
+
+
+def test_cpu_ranks_split_the_cores_and_their_openmp_threads(monkeypatch):
+    """Each rank binds its share of the cores and starts that many OpenMP threads; set values are kept."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    env = cpu_tp_env(2, {})
+    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0,1|2,3" and env["OMP_NUM_THREADS"] == "2"
+    kept = cpu_tp_env(2, {"OMP_NUM_THREADS": "3", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    assert kept["OMP_NUM_THREADS"] == "3" and kept["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    with pytest.raises(ValueError, match="at least 8 cores"):
+        cpu_tp_env(8, {})
