@@ -178,8 +178,7 @@ def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
         return ti.select_learned_blocks(idx_q, keys, block_table, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1)
 
     ours_ids = ours_select()
-    tokens, blocks = ti.learned_tiling(t, 1, INDEX_HEADS, ti.LEARNED_PREFILL_ROWS)
-    stages = ti.LEARNED_PREFILL_STAGES
+    tokens, blocks, stages = ti.learned_launch(t, 1, INDEX_HEADS)
     chunks = ti.learned_score_chunks(t, INDEX_HEADS, block_table.shape[1], tokens)
     scores = [torch.empty(INDEX_HEADS, n, block_table.shape[1], dtype=torch.float32, device=DEV) for _, n in chunks]
     scratch_ids = torch.empty_like(ours_ids)

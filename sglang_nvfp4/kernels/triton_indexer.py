@@ -315,6 +315,14 @@ def learned_tiling(num_tokens: int, num_rows: int, heads: int, prefill_rows: int
     return max(1, prefill_rows // triton.next_power_of_2(heads)), 16
 
 
+def learned_launch(num_tokens: int, num_rows: int, heads: int) -> tuple[int, int, int | None]:
+    """(tokens per program, blocks per program, pipeline stages or ``None`` for Triton's default) of the
+    learned indexer's score launch: :func:`learned_tiling` with ``LEARNED_PREFILL_ROWS``, and
+    ``LEARNED_PREFILL_STAGES`` for prefill tiles."""
+    tokens, blocks = learned_tiling(num_tokens, num_rows, heads, LEARNED_PREFILL_ROWS)
+    return tokens, blocks, None if tokens == 1 else LEARNED_PREFILL_STAGES
+
+
 def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
                          score_bytes: int = LEARNED_SCORE_BYTES) -> list[tuple[int, int]]:
     """``(first token, count)`` of each chunk whose fp32 block scores ``[heads, count, cols]`` fit
@@ -408,8 +416,7 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
     t, heads, _ = idx_q.shape
     idx_q = idx_q.to(keys.dtype).contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    tokens, blocks = learned_tiling(t, block_table.shape[0], heads, LEARNED_PREFILL_ROWS)
-    stages = None if tokens == 1 else LEARNED_PREFILL_STAGES
+    tokens, blocks, stages = learned_launch(t, block_table.shape[0], heads)
 
     def score_chunk(part, scores):
         learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
