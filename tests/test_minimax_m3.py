@@ -84,10 +84,15 @@ def test_pool_bytes_count_the_index_keys_of_the_ranks_sparse_layers(monkeypatch)
     hf = m3_config()
     kvc = SimpleNamespace(model_config=SimpleNamespace(get_num_kv_heads=lambda tp, dcp: 4 // tp, hf_config=hf),
                           layer_info=SimpleNamespace(start_layer=0))
-    # 4 layers x 2 KV heads (TP 2) x 144 B of NVFP4 K/V + 3 sparse layers x 128 bf16 index-key dims + SGLang's 48 B
-    assert plugin.cell_size_override(kvc, 4) == math.ceil(4 * 2 * 144 + 3 * 256 + 48 + 8 / 128)
+    # 4 layers x 2 KV heads (TP 2) x 144 B of NVFP4 K/V + 3 sparse layers x 128 bf16 index-key dims + SGLang's
+    # 48 B, less the share of those 48 B a stock pool leaves outside (d = 4 x 2 x 512 bf16 K/V + 3 x 256 index keys)
+    buffers, stock = 48 + 8 / 128, 4 * 2 * 512 + 3 * 256
+    assert plugin.cell_size_override(kvc, 4, stock) == math.ceil((4 * 2 * 144 + 3 * 256 + buffers) * stock
+                                                                  / (stock + buffers))
     kvc.layer_info.start_layer = 2  # a pipeline stage with layers 2..3, both sparse
-    assert plugin.cell_size_override(kvc, 2) == math.ceil(2 * 2 * 144 + 2 * 256 + 48 + 8 / 128)
+    stock = 2 * 2 * 512 + 2 * 256
+    assert plugin.cell_size_override(kvc, 2, stock) == math.ceil((2 * 2 * 144 + 2 * 256 + buffers) * stock
+                                                                 / (stock + buffers))
     config = load_config({}).for_model(hf)
     assert config.indexer_state_bytes(4, 2) == StateBytes(per_token=3 * 256)
     assert load_config({}).indexer_kind(0, 4)[0] is SummaryIndexer

@@ -286,10 +286,12 @@ def test_pool_bytes_per_token_and_capacity_vs_bf16(method):
     assert k_bytes == v_bytes + h.backend.indexer.state_nbytes() > v_bytes  # K also counts the summaries
 
 
-def test_pool_sizing_counts_cache_indexer_and_sglang_per_token_buffers(monkeypatch):
-    """SGLang sizes the pool with this cost per token; its eager buffers of 48 B per pool token (and the
-    allocator's free-page list) come after the pool, so they are in the cost (a 2-layer, 1-KV-head model
-    ran out of memory at start-up on the H200 without them)."""
+def test_pool_sizing_leaves_stock_sglangs_memory_outside_the_pool(monkeypatch):
+    """SGLang sizes the pool with this cost per token; its buffers of 48 B per pool token (and the allocator's
+    free-page list) come after the pool. Stock SGLang leaves its own pool's to the memory outside the pool; the
+    NVFP4 pool holds ~3.5x the tokens and charges the buffers of the extra tokens to itself (a 2-layer,
+    1-KV-head model ran out of memory at start-up on the H200 when none were charged): pool plus buffers take
+    no more than stock SGLang's pool plus buffers."""
     from sglang.srt import runtime_context
 
     monkeypatch.setattr(plugin, "backend_active", lambda: True)
@@ -298,9 +300,17 @@ def test_pool_sizing_counts_cache_indexer_and_sglang_per_token_buffers(monkeypat
                                                        hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"])),
                           layer_info=SimpleNamespace(start_layer=0))
     cache_and_summaries = 2 * 144 + 2 * (128 * 2 * 3 + 8) / 128  # 2 layers, 1 KV head, quest summaries
-    assert plugin.cell_size_override(kvc, 2) == math.ceil(cache_and_summaries + 48 + 8 / 128)
+    buffers, stock = 48 + 8 / 128, 2 * 512  # SGLang's per-token buffers; its bf16 cost for this model
+    cell = plugin.cell_size_override(kvc, 2, stock)
+    assert cell == math.ceil((cache_and_summaries + buffers) * stock / (stock + buffers))
+    budget = 10 * 2**30  # bytes SGLang gives the pool
+    tokens, stock_tokens = budget // cell, budget // stock
+    assert tokens * (cache_and_summaries + buffers) <= budget + stock_tokens * buffers  # what stock SGLang takes
+    assert tokens > budget // math.ceil(cache_and_summaries + buffers)  # more than charging every token's buffers
+    with pytest.raises(ValueError, match="bytes per token"):
+        plugin.cell_size_override(kvc, 2, 0)
     monkeypatch.setattr(plugin, "backend_active", lambda: False)
-    assert plugin.cell_size_override(kvc, 2) is None
+    assert plugin.cell_size_override(kvc, 2, stock) is None
 
 
 def test_pool_has_no_plain_kv_view():

@@ -10,7 +10,8 @@ detokenizer, ``sglang.Engine``). It uses only SGLang's extension points:
 * ``HookRegistry`` AROUND hooks that act only while ``nvfp4_sparse`` is the configured backend:
   ``SRTPlatform.get_kv_pool_cls`` (install :class:`NVFP4TokenToKVPool` for MHA models),
   ``DefaultPoolConfigurator._compute_cell_size`` (size the pool at NVFP4 bytes per token plus the
-  indexer's state, so ``max_total_num_tokens`` grows ~3.5x over bf16), and
+  indexer's state and SGLang's per-token buffers beyond a stock pool's, so ``max_total_num_tokens`` grows
+  ~3.5x over bf16), and
   ``models.utils.enable_fused_set_kv_buffer`` (models that would write bf16 K/V into the cache
   themselves go through the pool instead);
 * for MiniMax-M3 (:mod:`.minimax_m3`), two more AROUND hooks that act while ``nvfp4_sparse`` is
@@ -147,14 +148,22 @@ def kv_pool_class_override(kind: str):
 # SGLang 0.5.23 allocates, after sizing the pool and with no reserve for them, GPU buffers of one entry per
 # pool token: the eager runner's input_ids, positions and out_cache_loc (int64 each) and mrope_positions
 # (3 x int64), 48 bytes (model_executor/runner/eager_runner.py, cuda_graph_buffer_registry.py), and the
-# paged allocator's free-page list (int64 per page; mem_cache/allocator/paged.py). A bf16 pool's slack
-# absorbs them; the NVFP4 pool holds ~3.5x the tokens, so they are counted in its bytes per token.
+# paged allocator's free-page list (int64 per page; mem_cache/allocator/paged.py). Stock SGLang leaves those of
+# its own pool to the memory outside --mem-fraction-static; the NVFP4 pool holds ~3.5x the tokens, so the
+# buffers of the tokens beyond a stock pool's count are charged to the pool (:func:`cell_size_override`).
 SGLANG_BYTES_PER_POOL_TOKEN = 6 * 8 + 8 / fmt.PAGE_SIZE
 
 
-def cell_size_override(kvc, num_layers: int):
-    """Pool bytes per token while the backend is active (NVFP4 cache + the indexer's state + SGLang's
-    buffers sized by the pool's token count), else ``None``."""
+def cell_size_override(kvc, num_layers: int, stock_cell_size: float):
+    """Pool bytes per token while the backend is active, else ``None``.
+
+    ``c`` = the NVFP4 cache + the indexer's state per token, ``b`` = SGLang's buffers per pool token
+    (:data:`SGLANG_BYTES_PER_POOL_TOKEN`), ``d = stock_cell_size`` = what SGLang's own sizing charges per
+    token for this model (its bf16 pool). With ``M`` bytes for the pool, a stock pool holds ``M / d`` tokens
+    and leaves their buffers, ``b M / d``, to the memory outside the pool. This pool takes the same share
+    from there and charges the buffers of every further token to itself: ``N (c + b) = M + b M / d``, so
+    the cost per token is ``(c + b) d / (d + b)``. The memory left for activations is then what stock SGLang
+    leaves with its own pool."""
     if not backend_active():
         return None
     from sglang.srt.runtime_context import get_parallel
@@ -166,7 +175,10 @@ def cell_size_override(kvc, num_layers: int):
     heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
     config = startup_config().for_model(kvc.model_config.hf_config)
     state = config.indexer_state_bytes(num_layers, heads, kvc.layer_info.start_layer)
-    return math.ceil(bytes_per_token(heads, num_layers, state) + SGLANG_BYTES_PER_POOL_TOKEN)
+    with_buffers = bytes_per_token(heads, num_layers, state) + SGLANG_BYTES_PER_POOL_TOKEN
+    if stock_cell_size <= 0:
+        raise ValueError(f"{BACKEND_NAME}: SGLang sized this model's KV cache at {stock_cell_size} bytes per token")
+    return math.ceil(with_buffers * stock_cell_size / (stock_cell_size + SGLANG_BYTES_PER_POOL_TOKEN))
 
 
 def check_request_inputs(obj, input_ids, vocab_size: int) -> None:
@@ -197,8 +209,9 @@ def _kv_pool_cls(original, platform, *, kind):
 
 
 def _cell_size(original, configurator, kvc, num_layers):
-    override = cell_size_override(kvc, num_layers)
-    return original(configurator, kvc, num_layers) if override is None else override
+    stock = original(configurator, kvc, num_layers)
+    override = cell_size_override(kvc, num_layers, stock)
+    return stock if override is None else override
 
 
 def _validate_request(original, manager, obj, input_ids):
