@@ -232,8 +232,9 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                            ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
                            FROM_CACHE: tl.constexpr, USE_PTX: tl.constexpr):
     """Program (token tile, group of BLOCKS blocks, KV head): per block ``S = q . k^T`` on the tensor cores,
-    keys past the row's position masked, the max over the block's 128 keys written to ``scores [heads, T,
-    num_cols]`` (visible blocks only). Two key sources:
+    the max over the block's 128 keys written to ``scores [heads, T, num_cols]`` (visible blocks only). A row's
+    own block is scored over all its keys, those past the row's position too: the rule forces that block, so
+    its score is never read (the selections equal those of scores masked at the position). Two key sources:
 
     * index keys (``FROM_CACHE`` false; MiniMax-M3): rows are (token, index head) pairs, ``idx_q [T, HEADS,
       D]``, all sharing the bf16/fp16 index keys ``keys [slots, D]``; one KV-head program;
@@ -271,9 +272,9 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                     k = load_k_tile(keys_ptr, (page * (2 * HKV) + kv_head) * BLOCK_WORDS, USE_PTX)  # [128, 128]
                 else:
                     k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
+                # No causal mask: keys past a row's position lie in the row's own block, which the rule always
+                # selects (forced), so its score never counts, and later blocks are not stored.
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
-                key_pos = keyrow + b * PAGE
-                s = tl.where(key_pos[None, :] <= pos[:, None], s, -float("inf"))
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
             block = first + col
             out_head = (head + kv_head).to(tl.int64)
