@@ -1,7 +1,8 @@
 """Summarize torch-profiler chrome traces of one_batch decode steps (``--profile --profile-stage decode``; see
 ``e2e_one_batch``): the periods between consecutive launches of the decode CUDA graph, with the GPU's busy time in
 each and the host time before each launch (from the end of the previous step's last GPU work); then the GPU
-time by kernel over the whole trace.
+time by kernel and the GPU's idle gaps over the whole trace (for a prefill trace, which has no graph launches, the
+gaps show where the host held the GPU up).
 
     python bench/trace_summary.py TRACE.json.gz [TRACE.json.gz ...] [--functions NAME ...]
 
@@ -24,6 +25,10 @@ import sys
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+def end_of(events) -> float:
+    return max(e["ts"] + e["dur"] for e in events)
+
+
 def summarize(path: str, functions: list[str]) -> None:
     with gzip.open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
@@ -42,6 +47,22 @@ def summarize(path: str, functions: list[str]) -> None:
             end = max(end, e["ts"] + e["dur"])
         print(f"launch {i} -> {i + 1}: period {(b - a) / 1e3:.3f} ms, GPU busy {busy / 1e3:.3f} ms, "
               f"host before the next launch {(b - end) / 1e3:.3f} ms")
+    if gpu:  # the GPU's idle gaps over the whole trace (a prefill has no graph launches: its host stalls show here)
+        span = end_of(gpu) - gpu[0]["ts"]
+        gaps, end, before = [], gpu[0]["ts"], gpu[0]["name"]
+        for e in gpu:
+            if e["ts"] > end + 20:
+                gaps.append((e["ts"] - end, before, e["name"]))
+            if e["ts"] + e["dur"] > end:
+                end, before = e["ts"] + e["dur"], e["name"]
+        host = [e["ts"] for e in events if e.get("cat") not in GPU_CATS]
+        if host:
+            print(f"first GPU work {(gpu[0]['ts'] - min(host)) / 1e3:.3f} ms after the first host event, last GPU work "
+                  f"ends {(max(e['ts'] + e['dur'] for e in events) - end_of(gpu)) / 1e3:.3f} ms before the trace's end")
+        print(f"GPU span {span / 1e3:.3f} ms, busy {sum(e['dur'] for e in gpu) / 1e3:.3f} ms (overlaps counted twice), "
+              f"{len(gaps)} idle gaps over 20 us: {sum(g[0] for g in gaps) / 1e3:.3f} ms; the longest:")
+        for gap, after, then in sorted(gaps, reverse=True)[:8]:
+            print(f"  {gap / 1e3:8.3f} ms after {after[:60]} before {then[:60]}")
     for name in functions:
         hits = [e["dur"] for e in events if e.get("cat") == "python_function" and name in e["name"]]
         print(f"Python {name}: {sum(hits) / 1e3:.3f} ms in {len(hits)} events")
