@@ -2,7 +2,8 @@
 # Issue 17 on one H200 (repository root, device call with `carry: [".gpu"]`), in stages:
 #   bash bench/gpu_selection.sh [train] [tests] [bench] [eval=MODEL_DIR]
 # train   trains two retrieval-model variants (sglang_nvfp4.quality.train: both task families, contexts up to
-#         32K) in the background for TRAIN_SECONDS (default 240) -> $OUT/models.tgz, $OUT/train_*.log
+#         32K; TRAIN_VARIANTS="ARGS|ARGS" their arguments) in the background for TRAIN_SECONDS (default 240)
+#         -> $OUT/models.tgz, $OUT/train_*.log
 # tests   the compiled GPU tests of the indexers and kernels (budgets 32 and 64 included) -> $OUT/pytest.txt,
 #         while training runs (correctness only)
 # bench   bench/bench_selection.py (after training ends: no shared GPU while timing) -> $OUT/selection_h200.json
@@ -18,7 +19,8 @@ train_pids=()
 for stage in "$@"; do
   case "$stage" in
     train)
-      variants=("--hidden-size 128 --intermediate-size 256" "--hidden-size 256 --intermediate-size 512")
+      # TRAIN_VARIANTS: the two variants' extra arguments, separated by '|' (default: hidden 128 and 256).
+      IFS='|' read -r -a variants <<< "${TRAIN_VARIANTS:---hidden-size 128 --intermediate-size 256|--hidden-size 256 --intermediate-size 512}"
       for i in 0 1; do
         echo "[$(ts)] training variant $i: ${variants[$i]}" | tee -a "$OUT/log.txt"
         python3 -m sglang_nvfp4.quality.train --out "$WORK/model_$i" --device cuda --steps 100000 \

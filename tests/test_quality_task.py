@@ -201,6 +201,44 @@ def test_pair_documents_have_two_hot_labels():
     assert pairs >= 8
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_late_queries_are_the_only_queries_of_their_keys_and_their_source_is_a_record(seed):
+    rng = np.random.default_rng(seed)
+    doc = task.make_document(rng, 4096, mean_gap=16, pair_fraction=0.5)
+    same, none = task.with_late_queries(rng, doc, 0)
+    assert np.array_equal(same.tokens, doc.tokens) and not none.any()
+    new, late = task.with_late_queries(rng, doc, 6)
+    tokens = new.tokens.tolist()
+    start = int(4096 * (1 - task.LATE_TAIL))
+    asked = np.flatnonzero(late)
+    assert 1 <= len(asked) <= 6 and len({tokens[i] for i in asked}) == len(asked)
+    records = [(i, tokens[i + 1], tokens[i + 2]) for i in range(len(tokens) - 2) if tokens[i] == task.RECORD]
+    assert records == doc.records  # records untouched
+    for i in asked:
+        key = tokens[i]
+        assert tokens[i - 1] == task.QUERY and i - 1 >= start
+        recorded = [v for pos, k, v in doc.records if k == key]
+        assert all(pos + 3 <= start for pos, k, _ in doc.records if k == key)
+        assert new.labels[i] == recorded[0] and tokens[i + 1] in recorded
+        assert new.labels2[i] == (recorded[1] if len(recorded) == 2 else task.IGNORE)
+        queries = [j for j in range(len(tokens) - 1) if tokens[j] == task.QUERY and tokens[j + 1] == key]
+        assert queries == [i - 1]  # the nearest source of its value is a record
+    held = {tokens[i] for i in asked}
+    for j in np.flatnonzero(doc.labels != task.IGNORE):  # other keys' queries keep their labels (or became late ones)
+        if doc.tokens[j] not in held and j not in set(asked):
+            assert new.labels[j] == doc.labels[j] and new.labels2[j] == doc.labels2[j]
+    assert set(np.flatnonzero(new.labels != task.IGNORE)) >= set(asked)
+
+
+def test_training_batch_marks_the_late_queries():
+    from sglang_nvfp4.quality.train import batch
+
+    tokens, labels, labels2, late = batch(np.random.default_rng(0), 2048, 3, "cpu", 16, 0.25, late_keys=4)
+    assert tokens.shape == labels.shape == labels2.shape == late.shape == (3, 2048) and late.dtype == torch.bool
+    assert late.sum(dim=1).tolist() == [4, 4, 4] and (labels[late] != task.IGNORE).all()
+    assert (tokens[:, :-1][late[:, 1:]] == task.QUERY).all()
+
+
 def test_two_hot_loss_and_accuracy():
     from sglang_nvfp4.quality.train import query_loss_and_accuracy
 

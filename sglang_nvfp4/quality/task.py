@@ -135,6 +135,49 @@ def make_document(rng: np.random.Generator, length: int, mean_gap: int = MEAN_EV
     return Document(tokens, labels, labels2, records)
 
 
+LATE_TAIL = 0.1  # the share of a document at its end where :func:`with_late_queries` asks its held-out keys
+
+
+def with_late_queries(rng: np.random.Generator, doc: Document, num_keys: int,
+                      tail: float = LATE_TAIL) -> tuple[Document, np.ndarray]:
+    """Training documents that ask for far records, as evaluation prompts do.
+
+    In a :func:`make_document` document a key is queried again and again, and each query repeats its value, so
+    the nearest copy of a value is rarely more than a few thousand tokens back: 32K documents with mean gaps up to
+    64 had no supervised query 16K tokens from its nearest copy. This takes up to ``num_keys`` keys recorded (once
+    or twice) before the document's last ``tail`` share, turns every query of them into filler, and asks each once
+    more at a random place in that last share (three filler tokens, or over another key's query):
+    ``<q> KEY VALUE``, labelled like any query (two-hot for a key recorded twice). Their only sources are then their records, anywhere before. Returns the new document and a
+    bool mask of the new queries' label positions (the ``KEY`` tokens)."""
+    tokens, labels, labels2 = doc.tokens.copy(), doc.labels.copy(), doc.labels2.copy()
+    length = len(tokens)
+    start = int(length * (1.0 - tail))
+    values: dict[int, list[int]] = {}
+    for pos, key, value in doc.records:
+        values.setdefault(key, []).append(value)
+    early = sorted({key for pos, key, _ in doc.records} - {key for pos, key, _ in doc.records if pos + 3 > start})
+    late = np.zeros(length, dtype=bool)
+    if not early or num_keys < 1:
+        return Document(tokens, labels, labels2, list(doc.records)), late
+    held = rng.choice(early, min(num_keys, len(early)), replace=False)
+    for q in np.flatnonzero((tokens[:-2] == QUERY) & np.isin(tokens[1:-1], held)):
+        tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
+        labels[q + 1] = labels2[q + 1] = IGNORE
+    spots = np.arange(start, length - 2)
+    for key in held:
+        # three filler tokens, or another key's query (dense documents may have no free three tokens)
+        is_filler = tokens >= FILLER0
+        free = is_filler[spots] & is_filler[spots + 1] & is_filler[spots + 2]
+        other_query = (tokens[spots] == QUERY) & ~late[spots + 1]
+        q = int(rng.choice(spots[free | other_query]))
+        recorded = values[int(key)]
+        tokens[q:q + 3] = (QUERY, key, recorded[int(rng.integers(len(recorded)))])
+        labels[q + 1] = recorded[0]
+        labels2[q + 1] = recorded[1] if len(recorded) == 2 else IGNORE
+        late[q + 1] = True
+    return Document(tokens, labels, labels2, list(doc.records)), late
+
+
 @dataclass
 class Prompt:
     """One evaluation prompt: ``tokens`` end with ``<q> KEY``; ``answers`` are the expected next-token

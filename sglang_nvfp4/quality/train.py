@@ -3,7 +3,10 @@ Face format.
 
 ``python -m sglang_nvfp4.quality.train --out DIR [--device cuda] [--steps 3000]``
 
-Loss: cross-entropy on query values only (every other token is random filler). A fraction of the
+Loss: cross-entropy on query values only (every other token is random filler); with ``--late-keys``, plus
+``--late-weight`` times the mean loss of the queries asked only at the end of a document, far from their records
+(:func:`.task.with_late_queries`: in plain documents the nearest copy of a value is rarely more than a few thousand
+tokens back, and models trained on them lost accuracy beyond 8K). A fraction of the
 records (``--pair-fraction``) record an already recorded key a second time with another value; a query
 after both records is supervised two-hot, ``-0.5 log p(Va) - 0.5 log p(Vb)``, and counts as answered when
 its top-2 next tokens are ``{Va, Vb}`` (the ``pair`` family of :mod:`.task`). Context lengths grow during
@@ -32,15 +35,20 @@ EVAL_SEED = 1_000_003  # held-out prompts: a seed training never uses
 
 
 def batch(rng: np.random.Generator, length: int, size: int, device, max_gap: int,
-          pair_fraction: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          pair_fraction: float, late_keys: int = 0) -> tuple[torch.Tensor, ...]:
     """``size`` documents of ``length`` tokens, each with a mean event gap drawn from ``[2, max_gap]``:
     dense documents make copying any value from the context a poor strategy, which pushes the model to
-    key-conditioned lookup early. Returns ``tokens``, ``labels`` and ``labels2``, each ``[size, length]``
-    (:class:`~.task.Document`)."""
-    docs = [task.make_document(rng, length, mean_gap=int(rng.integers(2, max_gap + 1)), pair_fraction=pair_fraction)
-            for _ in range(size)]
-    return tuple(torch.from_numpy(np.stack([getattr(d, name) for d in docs])).to(device)
-                 for name in ("tokens", "labels", "labels2"))
+    key-conditioned lookup early. With ``late_keys``, each document asks that many keys only at its end
+    (:func:`~.task.with_late_queries`). Returns ``tokens``, ``labels``, ``labels2`` (:class:`~.task.Document`)
+    and ``late`` (bool: the late queries' label positions), each ``[size, length]``."""
+    docs, late = [], []
+    for _ in range(size):
+        doc = task.make_document(rng, length, mean_gap=int(rng.integers(2, max_gap + 1)), pair_fraction=pair_fraction)
+        doc, mask = task.with_late_queries(rng, doc, late_keys)
+        docs.append(doc)
+        late.append(mask)
+    stacked = [np.stack([getattr(d, name) for d in docs]) for name in ("tokens", "labels", "labels2")]
+    return tuple(torch.from_numpy(x).to(device) for x in (*stacked, np.stack(late)))
 
 
 def query_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor,
@@ -112,6 +120,10 @@ def main(argv=None) -> None:
                     help="probability that a record repeats a once-recorded earlier key with another value "
                          "(queries after both are two-answer queries)")
     ap.add_argument("--max-gap", type=int, default=task.MEAN_EVENT_GAP, help="largest mean event gap of a training document")
+    ap.add_argument("--late-keys", type=int, default=0,
+                    help="keys per document asked only in its last tenth, far from their records (task.with_late_queries)")
+    ap.add_argument("--late-weight", type=float, default=1.0,
+                    help="weight of the late queries' mean loss, added to the mean loss of all queries")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="stop after this many seconds")
     ap.add_argument("--eval-per-length", type=int, default=64)
     ap.add_argument("--log-every", type=int, default=50)
@@ -138,14 +150,18 @@ def main(argv=None) -> None:
         # length unlocks once query accuracy at the longest (EMA over steps) reaches --advance-at.
         at_level = step % 2 == 0
         length = lengths[level] if at_level else lengths[int(rng.integers(level + 1))]
-        tokens, labels, labels2 = batch(rng, length, max(1, args.tokens_per_step // length), args.device, args.max_gap,
-                                        args.pair_fraction)
+        tokens, labels, labels2, late = batch(rng, length, max(1, args.tokens_per_step // length), args.device,
+                                              args.max_gap, args.pair_fraction, args.late_keys)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, progress, args.lr, args.warmup, args.decay_fraction)
         with torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16, enabled=use_bf16):
             logits = model(tokens)
         mask = labels != task.IGNORE
         loss, acc = query_loss_and_accuracy(logits[mask].float(), labels[mask], labels2[mask])
+        late_acc = None
+        if late.any():
+            late_loss, late_acc = query_loss_and_accuracy(logits[late].float(), labels[late], labels2[late])
+            loss = loss + args.late_weight * late_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -159,6 +175,7 @@ def main(argv=None) -> None:
                 print(f"unlocked length {lengths[level]} at step {step}", flush=True)
         if step % args.log_every == 0:
             row = {"step": step, "length": length, "loss": round(loss.item(), 4), "query_acc": round(acc, 4),
+                   "late_acc": None if late_acc is None else round(late_acc, 4),
                    "level_ema": round(ema, 3), "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.perf_counter() - t0, 1)}
             history.append(row)
             print(row, flush=True)
