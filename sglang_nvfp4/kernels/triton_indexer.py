@@ -8,8 +8,8 @@
   streams the blocks of the tile's request in steps of ``BLOCKS``: gathers their summaries through
   the block table, scores them against the tile's aggregated queries (one ``tl.dot``; elementwise
   for one-token tiles), applies visibility and forcing, and merges the step into a per-token running
-  top-k held in registers (repeatedly moving the step's best candidate into the slot of the current
-  worst while it ranks higher). A tile whose tokens belong to several requests (decode batches,
+  top-k held in registers (repeatedly moving each row's best candidate of the step into the slot of its
+  current worst while it ranks higher, until no row's does). A tile whose tokens belong to several requests (decode batches,
   request boundaries) is processed one token per pass. Scores for all blocks are never stored.
 * :func:`select_learned_blocks` (MiniMax-M3's learned indexer) and :func:`select_proxy_blocks` (the proxy
   indexer): ``_key_scores_kernel`` scores every visible key on the tensor cores (``q . k^T`` per block of
@@ -110,23 +110,46 @@ def _empty_top_k(ROWS: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr):
 
 
 @triton.jit
-def _merge_top_k(score, block, best_score, best_id, TOPK: tl.constexpr, KPAD: tl.constexpr):
-    """Merge ranked scores of ``block [BLOCKS]`` into each row's running top-k: while a candidate ranks
-    above the row's current worst (score desc, then id asc), it takes the worst's slot."""
-    real_slot = tl.arange(0, KPAD)[None, :] < TOPK
+def _best_candidate(score, block):
+    """Each row's best remaining candidate of ``score [ROWS, BLOCKS]``: its score and (among equal scores) the
+    lowest block id."""
+    top = tl.max(score, axis=1)
+    return top, tl.min(tl.where(score == top[:, None], block[None, :], _PAD_ID), axis=1)
+
+
+@triton.jit
+def _entry_to_replace(best_score, best_id, real_slot):
+    """Each row's current worst entry of the running top-k (lowest score, then highest id): score and id."""
     worst = tl.min(tl.where(real_slot, best_score, float("inf")), axis=1)
-    may_enter = (score >= worst[:, None]) & (score > -float("inf"))
-    if tl.sum(may_enter.to(tl.int32)) > 0:
-        for _ in range(TOPK):
-            top = tl.max(score, axis=1)
-            top_id = tl.min(tl.where(score == top[:, None], block[None, :], _PAD_ID), axis=1)
-            worst = tl.min(tl.where(real_slot, best_score, float("inf")), axis=1)
-            worst_id = tl.max(tl.where(real_slot & (best_score == worst[:, None]), best_id, -1), axis=1)
-            enters = (top > -float("inf")) & ((top > worst) | ((top == worst) & (top_id < worst_id)))
-            replace = enters[:, None] & (best_id == worst_id[:, None])
-            best_score = tl.where(replace, top[:, None], best_score)
-            best_id = tl.where(replace, top_id[:, None], best_id)
-            score = tl.where(block[None, :] == top_id[:, None], -float("inf"), score)
+    return worst, tl.max(tl.where(real_slot & (best_score == worst[:, None]), best_id, -1), axis=1)
+
+
+@triton.jit
+def _ranks_above(top, top_id, worst, worst_id):
+    return (top > -float("inf")) & ((top > worst) | ((top == worst) & (top_id < worst_id)))
+
+
+@triton.jit
+def _merge_top_k(score, block, best_score, best_id, TOPK: tl.constexpr, KPAD: tl.constexpr):
+    """Merge ranked scores of ``block [BLOCKS]`` into each row's running top-k: while a row's best remaining
+    candidate ranks above its current worst entry (score desc, then id asc), it takes the worst's slot.
+
+    The loop ends as soon as no row's candidate enters: a row that takes none now never will in this step (its
+    best remaining candidate only falls, its worst entry stays), so the result is that of ``TOPK`` passes. Past
+    the first steps few candidates enter (with random scores, a row's step ``j`` brings about ``TOPK / (j + 1)``),
+    and most steps end after a pass or two. Each pass removes each row's candidate, so at most ``BLOCKS`` run."""
+    real_slot = tl.arange(0, KPAD)[None, :] < TOPK
+    top, top_id = _best_candidate(score, block)
+    worst, worst_id = _entry_to_replace(best_score, best_id, real_slot)
+    enters = _ranks_above(top, top_id, worst, worst_id)
+    while tl.max(enters.to(tl.int32), axis=0) > 0:
+        replace = enters[:, None] & (best_id == worst_id[:, None])
+        best_score = tl.where(replace, top[:, None], best_score)
+        best_id = tl.where(replace, top_id[:, None], best_id)
+        score = tl.where(block[None, :] == top_id[:, None], -float("inf"), score)
+        top, top_id = _best_candidate(score, block)
+        worst, worst_id = _entry_to_replace(best_score, best_id, real_slot)
+        enters = _ranks_above(top, top_id, worst, worst_id)
     return best_score, best_id
 
 
