@@ -77,6 +77,21 @@ class Document:
     records: list[tuple[int, int, int]]
 
 
+def _filler_out_queries(rng: np.random.Generator, tokens: np.ndarray, keys) -> np.ndarray:
+    """Overwrite every query ``<q> KEY VALUE`` of ``keys`` in ``tokens`` (in place, in position order) with random
+    filler; returns the queries' positions."""
+    starts = np.flatnonzero((tokens[:-2] == QUERY) & np.isin(tokens[1:-1], keys))
+    for q in starts:
+        tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
+    return starts
+
+
+def _free_triples(tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Whether three filler tokens start at each of ``starts`` (room for an event)."""
+    is_filler = tokens >= FILLER0
+    return is_filler[starts] & is_filler[starts + 1] & is_filler[starts + 2]
+
+
 def _another_value(rng: np.random.Generator, value: int) -> int:
     """A value id of the key that owns ``value``, uniform over that key's other value words."""
     first_of_key = VALUE0 + (value - VALUE0) // VALUES_PER_KEY * VALUES_PER_KEY
@@ -160,16 +175,13 @@ def with_late_queries(rng: np.random.Generator, doc: Document, num_keys: int,
     if not early or num_keys < 1:
         return Document(tokens, labels, labels2, list(doc.records)), late
     held = rng.choice(early, min(num_keys, len(early)), replace=False)
-    for q in np.flatnonzero((tokens[:-2] == QUERY) & np.isin(tokens[1:-1], held)):
-        tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
-        labels[q + 1] = labels2[q + 1] = IGNORE
+    dropped = _filler_out_queries(rng, tokens, held)
+    labels[dropped + 1] = labels2[dropped + 1] = IGNORE
     spots = np.arange(start, length - 2)
     for key in held:
         # three filler tokens, or another key's query (dense documents may have no free three tokens)
-        is_filler = tokens >= FILLER0
-        free = is_filler[spots] & is_filler[spots + 1] & is_filler[spots + 2]
         other_query = (tokens[spots] == QUERY) & ~late[spots + 1]
-        q = int(rng.choice(spots[free | other_query]))
+        q = int(rng.choice(spots[_free_triples(tokens, spots) | other_query]))
         recorded = values[int(key)]
         tokens[q:q + 3] = (QUERY, key, recorded[int(rng.integers(len(recorded)))])
         labels[q + 1] = recorded[0]
@@ -215,16 +227,13 @@ def make_prompt(rng: np.random.Generator, length: int, depth: float, family: str
             continue
         pos, key, value = min(doc.records, key=lambda r: abs(r[0] - depth * body_len))
         tokens = doc.tokens.copy()
-        for q in np.flatnonzero((tokens[:-1] == QUERY) & (tokens[1:] == key)):
-            tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
+        _filler_out_queries(rng, tokens, [key])
         if family == "single":
             answers, second_depth = (value,), None
             break
         # Second-record positions: three filler tokens, far enough from the target record.
         starts = np.arange(1, body_len - 2)
-        is_filler = tokens >= FILLER0
-        free = is_filler[starts] & is_filler[starts + 1] & is_filler[starts + 2]
-        candidates = starts[free & (np.abs(starts - pos) >= PAIR_MIN_DISTANCE)]
+        candidates = starts[_free_triples(tokens, starts) & (np.abs(starts - pos) >= PAIR_MIN_DISTANCE)]
         if candidates.size:
             second = int(rng.choice(candidates))
             value2 = _another_value(rng, value)
@@ -262,8 +271,7 @@ def make_shared_prompts(seed: int, length: int, pair_fraction: float = 0.25) -> 
     rng = np.random.default_rng([seed, length, 1 + FAMILIES.index("pair")])
     doc = make_document(rng, length, pair_fraction=pair_fraction)
     tokens = doc.tokens.copy()
-    for q in np.flatnonzero(tokens == QUERY):
-        tokens[q:q + 3] = rng.integers(FILLER0, FILLER0 + NUM_FILLER, size=3)
+    _filler_out_queries(rng, tokens, np.arange(KEY0, KEY0 + NUM_KEYS))
     records: dict[int, list[tuple[int, int]]] = {}  # key -> [(position, value)] in position order
     for pos, key, value in doc.records:
         records.setdefault(key, []).append((pos, value))
