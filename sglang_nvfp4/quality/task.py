@@ -181,7 +181,10 @@ def with_late_queries(rng: np.random.Generator, doc: Document, num_keys: int,
     for key in held:
         # three filler tokens, or another key's query (dense documents may have no free three tokens)
         other_query = (tokens[spots] == QUERY) & ~late[spots + 1]
-        q = int(rng.choice(spots[_free_triples(tokens, spots) | other_query]))
+        candidates = spots[_free_triples(tokens, spots) | other_query]
+        if not candidates.size:  # a short tail taken by records: fewer late queries
+            break
+        q = int(rng.choice(candidates))
         recorded = values[int(key)]
         tokens[q:q + 3] = (QUERY, key, recorded[int(rng.integers(len(recorded)))])
         labels[q + 1] = recorded[0]
