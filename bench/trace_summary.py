@@ -58,7 +58,7 @@ def summarize(path: str, functions: list[str]) -> None:
         host = [e["ts"] for e in events if e.get("cat") not in GPU_CATS]
         if host:
             print(f"first GPU work {(gpu[0]['ts'] - min(host)) / 1e3:.3f} ms after the first host event, last GPU work "
-                  f"ends {(max(e['ts'] + e['dur'] for e in events) - end_of(gpu)) / 1e3:.3f} ms before the trace's end")
+                  f"ends {(end_of(events) - end_of(gpu)) / 1e3:.3f} ms before the trace's end")
         print(f"GPU span {span / 1e3:.3f} ms, busy {sum(e['dur'] for e in gpu) / 1e3:.3f} ms (overlaps counted twice), "
               f"{len(gaps)} idle gaps over 20 us: {sum(g[0] for g in gaps) / 1e3:.3f} ms; the longest:")
         for gap, after, then in sorted(gaps, reverse=True)[:8]:

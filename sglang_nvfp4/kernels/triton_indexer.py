@@ -9,8 +9,8 @@
   the block table, scores them against the tile's aggregated queries (one ``tl.dot``; elementwise
   for one-token tiles), applies visibility and forcing, and merges the step into a per-token running
   top-k held in registers (repeatedly moving each row's best candidate of the step into the slot of its
-  current worst while it ranks higher, until no row's does). A tile whose tokens belong to several requests (decode batches,
-  request boundaries) is processed one token per pass. Scores for all blocks are never stored.
+  current worst while it ranks higher, until no row's does). A tile whose tokens belong to several requests
+  (decode batches, request boundaries) is processed one token per pass. Scores for all blocks are never stored.
 * :func:`select_learned_blocks` (MiniMax-M3's learned indexer) and :func:`select_proxy_blocks` (the proxy
   indexer): ``_key_scores_kernel`` scores every visible key on the tensor cores (``q . k^T`` per block of
   128 keys: the model's index keys, or the K tiles of the NVFP4 cache decoded as attention does) and

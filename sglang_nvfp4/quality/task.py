@@ -162,8 +162,9 @@ def with_late_queries(rng: np.random.Generator, doc: Document, num_keys: int,
     64 had no supervised query 16K tokens from its nearest copy. This takes up to ``num_keys`` keys recorded (once
     or twice) before the document's last ``tail`` share, turns every query of them into filler, and asks each once
     more at a random place in that last share (three filler tokens, or over another key's query):
-    ``<q> KEY VALUE``, labelled like any query (two-hot for a key recorded twice). Their only sources are then their records, anywhere before. Returns the new document and a
-    bool mask of the new queries' label positions (the ``KEY`` tokens)."""
+    ``<q> KEY VALUE``, labelled like any query (two-hot for a key recorded twice). Their only sources are then
+    their records, anywhere before. A tail with no room left asks fewer keys. Returns the new document and a bool
+    mask of the new queries' label positions (the ``KEY`` tokens)."""
     tokens, labels, labels2 = doc.tokens.copy(), doc.labels.copy(), doc.labels2.copy()
     length = len(tokens)
     start = int(length * (1.0 - tail))
