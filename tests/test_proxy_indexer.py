@@ -15,7 +15,7 @@ from sglang_nvfp4.indexer import BlockIndexer, ProxyIndexer, StateBytes, select_
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=6, timeout=900)  # the torch tests run there too
+register_module(__file__, expected_passed=9, timeout=900)  # the torch tests run there too
 E4M3_ONE = 0x38  # the E4M3 byte of 1.0
 
 
@@ -35,9 +35,10 @@ def exact_problem(seed, seq_lens, tokens_per_request, hkv=2, group=4, spare_page
     return q, cache, table, req, pos
 
 
-def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks):
-    """The documented score one (KV head, token) at a time in float64: the fp16 head-mean query against every
-    key at or before the token, max per block; own/sink/local forced, the rest by (score desc, id asc)."""
+def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1):
+    """The documented score one (KV head, token) at a time in float64: each of the ``groups`` fp16 means of runs
+    of consecutive query heads against every key at or before the token, max per block and over the runs;
+    own/sink/local forced, the rest by (score desc, id asc)."""
     hkv = cache.shape[1] // 2
     out = torch.full((hkv, q.shape[0], topk), -1, dtype=torch.int32)
     for i in range(q.shape[0]):
@@ -46,8 +47,8 @@ def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks):
         data = cache[pages, :hkv]
         k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0).double()
         for h in range(hkv):
-            qbar = q[i].double().view(hkv, -1, fmt.HEAD_DIM)[h].mean(0).half().double()
-            logits = k[:, h].reshape(-1, fmt.HEAD_DIM)[: p + 1] @ qbar
+            qbar = q[i].double().view(hkv, groups, -1, fmt.HEAD_DIM)[h].mean(1).half().double()  # [groups, 128]
+            logits = (k[:, h].reshape(-1, fmt.HEAD_DIM)[: p + 1] @ qbar.T).amax(1)
             score = {b: float(logits[b * fmt.PAGE_SIZE : (b + 1) * fmt.PAGE_SIZE].max()) for b in range(own + 1)}
             forced = {b for b in score if b == own or b < sink_blocks or b >= own - local_blocks}
             rest = sorted((b for b in score if b not in forced), key=lambda b: (-score[b], b))
@@ -56,11 +57,21 @@ def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks):
     return out
 
 
-@pytest.mark.parametrize("topk, sink, local", [(16, 1, 1), (4, 1, 1), (6, 2, 0), (3, 0, 0)])
-def test_selection_follows_the_documented_score_and_rule(topk, sink, local):
+@pytest.mark.parametrize("topk, sink, local, groups", [(16, 1, 1, 1), (4, 1, 1, 1), (6, 2, 0, 1), (3, 0, 0, 1),
+                                                       (4, 1, 1, 2), (6, 1, 0, 4)])
+def test_selection_follows_the_documented_score_and_rule(topk, sink, local, groups):
     q, cache, table, req, pos = exact_problem(1, [1900, 700, 130], [30, 20, 6])
-    got = select_blocks_proxy(q, cache, table, req, pos, topk=topk, sink_blocks=sink, local_blocks=local, impl="torch")
-    assert torch.equal(got, brute_force_f64(q, cache, table, req, pos, topk, sink, local))
+    got = select_blocks_proxy(q, cache, table, req, pos, topk=topk, sink_blocks=sink, local_blocks=local,
+                              groups=groups, impl="torch")
+    assert torch.equal(got, brute_force_f64(q, cache, table, req, pos, topk, sink, local, groups))
+
+
+def test_query_groups_change_the_selection_and_must_divide_the_heads():
+    q, cache, table, req, pos = exact_problem(3, [2600], [40])
+    one, four = (select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=g, impl="torch") for g in (1, 4))
+    assert not torch.equal(one, four)  # the groups are scored, not averaged away
+    with pytest.raises(ValueError, match="groups=3: must divide the 4 query heads"):
+        select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=3)
 
 
 def test_proxy_indexer_keeps_no_state_and_is_configurable():
@@ -73,24 +84,35 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     assert torch.equal(ix.select(0, q, cache, table, req, pos),
                        select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
-    assert config.indexer_kind(0, 2) == (ProxyIndexer, {"topk": 8, "sink_blocks": 1, "local_blocks": 1})
+    assert config.indexer_kind(0, 2) == (ProxyIndexer, {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": 1})
     assert config.indexer_state_bytes(2, 2) == StateBytes()
+    grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"}).build_indexer(2, 5, 2, "cpu")
+    assert grouped.groups == 4 and torch.equal(grouped.select(0, q, cache, table, req, pos),
+                                               select_blocks_proxy(q, cache, table, req, pos, topk=32, groups=4))
+    with pytest.raises(ValueError, match="PROXY_GROUPS=2: applies to NVFP4_SPARSE_INDEXER=proxy only"):
+        load_config({"NVFP4_SPARSE_PROXY_GROUPS": "2"})
+    with pytest.raises(ValueError, match="PROXY_GROUPS=0: expected 1..64"):
+        load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "0"})
     with pytest.raises(ValueError, match="INDEXER='bogus': expected one of \\('mean', 'quest', 'proxy'\\)"):
         load_config({"NVFP4_SPARSE_INDEXER": "bogus"})
 
 
 def check_kernel_on_exact_ties(device):
     # prefill tiles within and across requests, decode-like batches (one token per request), GQA 4 and 16
-    cases = [(4, [1900, 700, 130], [40, 25, 9], 4), (5, [5000], [70], 16), (6, [2800, 2500, 1300], [1, 1, 1], 4)]
-    for seed, seq_lens, tokens, group in cases:
+    # query groups: 1, 2 and 4 per KV head (prefill tiles of 128, 64 and 32 tokens), 4 in decode
+    cases = [(4, [1900, 700, 130], [40, 25, 9], 4, 1), (5, [5000], [70], 16, 1), (6, [2800, 2500, 1300], [1, 1, 1], 4, 1),
+             (7, [1900, 700, 130], [40, 25, 9], 4, 2), (8, [3000], [70], 16, 4), (9, [2800, 2500, 1300], [1, 1, 1], 4, 4)]
+    for seed, seq_lens, tokens, group, groups in cases:
         q, cache, table, req, pos = exact_problem(seed, seq_lens, tokens, group=group)
         if tokens[0] == 1:
             pos = torch.tensor(seq_lens, dtype=torch.int32) - 1
         args = [x.to(device) for x in (q, cache, table, req, pos)]
         for topk, sink, local in [(16, 1, 1), (5, 2, 0), (32, 1, 1), (fmt.MAX_TOPK, 2, 3)]:
-            want = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, impl="torch")
-            got = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, impl="triton")
-            assert torch.equal(got, want), (seed, topk)
+            want = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, groups=groups,
+                                       impl="torch")
+            got = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, groups=groups,
+                                      impl="triton")
+            assert torch.equal(got, want), (seed, topk, groups)
 
 
 if INTERPRETED:

@@ -103,12 +103,14 @@ def _select_torch(idx_q, keys, block_table, req, pos, topk, sink_blocks, local_b
 
 
 def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Tensor, pos: torch.Tensor, topk: int,
-                              sink_blocks: int, local_blocks: int) -> torch.Tensor:
-    """The torch path shared by the learned and the proxy indexer: int32 ``[H, T, topk]`` for ``queries [T, H,
-    D]``. ``request_keys(r, num_blocks)`` gives fp32 keys ``[H or 1, num_blocks * 128, D]`` of request ``r``'s
-    first blocks; a token scores a block by the max over its keys at positions <= ``pos`` of ``q . k``, then
-    the rule of :mod:`.rules` chooses. One request at a time, token chunks bounded by ``_SCORES_PER_CHUNK``."""
-    t, heads, _ = queries.shape
+                              sink_blocks: int, local_blocks: int, groups: int = 1) -> torch.Tensor:
+    """The torch path shared by the learned and the proxy indexer: int32 ``[H, T, topk]`` for ``queries [T, H *
+    groups, D]`` (``groups`` consecutive query rows per selecting head). ``request_keys(r, num_blocks)`` gives fp32
+    keys ``[H or 1, num_blocks * 128, D]`` of request ``r``'s first blocks; a token scores a block by the max over
+    its keys at positions <= ``pos`` and over the head's query rows of ``q . k``, then the rule of :mod:`.rules`
+    chooses. One request at a time, token chunks bounded by ``_SCORES_PER_CHUNK``."""
+    t, rows, _ = queries.shape
+    heads = rows // groups
     own = pos.long() // fmt.PAGE_SIZE
     out = torch.empty(heads, t, topk, dtype=torch.int32, device=queries.device)
     for r in torch.unique(req).tolist():
@@ -116,12 +118,15 @@ def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Te
         num_blocks = int(own[tokens].max()) + 1
         k = request_keys(r, num_blocks)
         key_pos = torch.arange(num_blocks * fmt.PAGE_SIZE, device=queries.device)
-        step = max(1, _SCORES_PER_CHUNK // (heads * k.shape[1]))
+        step = max(1, _SCORES_PER_CHUNK // (rows * k.shape[1]))
         for start in range(0, tokens.numel(), step):
             chunk = tokens[start : start + step]
-            logits = torch.matmul(queries[chunk].float().transpose(0, 1), k.transpose(1, 2))  # [H, C, keys]
-            logits = logits.masked_fill(key_pos[None, None, :] > pos[chunk].long()[None, :, None], -torch.inf)
-            scores = logits.view(heads, chunk.numel(), num_blocks, fmt.PAGE_SIZE).amax(dim=-1)
+            n = chunk.numel()
+            q = queries[chunk].float().transpose(0, 1).reshape(heads, groups * n, -1)  # [H, groups * C, D]
+            logits = torch.matmul(q, k.transpose(1, 2)).view(heads, groups, n, -1)  # [H, groups, C, keys]
+            logits = logits.masked_fill(key_pos[None, None, None, :] > pos[chunk].long()[None, None, :, None],
+                                        -torch.inf)
+            scores = logits.view(heads, groups, n, num_blocks, fmt.PAGE_SIZE).amax(dim=(1, -1))
             forced = forced_blocks(own[chunk], num_blocks, sink_blocks, local_blocks)
             out[:, chunk] = rank_blocks(scores, own[chunk], topk, forced)
     return out

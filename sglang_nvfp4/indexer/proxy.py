@@ -4,7 +4,9 @@ its learned projection, for models that have none (:class:`ProxyIndexer`).
 Per KV head, token ``t`` scores block ``b`` by the **max over the block's keys at positions <= pos[t]**
 of ``qbar[t] . k``, where ``qbar`` is the mean of the KV head's ``G`` query heads
 (:func:`~.summary.aggregate_queries`, fp16) and ``k`` the dequantized K in the cache without the layer's
-global scale (``e2m1 * e4m3``; a positive scale changes no ranking). Blocks are then chosen by the rule of
+global scale (``e2m1 * e4m3``; a positive scale changes no ranking). With ``groups`` > 1
+(``NVFP4_SPARSE_PROXY_GROUPS``) the KV head's query heads are split into that many runs of consecutive heads,
+each run's mean is a query, and the score is the max over them too. Blocks are then chosen by the rule of
 :mod:`.rules`. On the trained retrieval model this score ranks the record's block into the top 13 in
 0.983 / 0.950 of prompts at 4K / 8K, against 0.833 / 0.783 for quest (``bench/results/quality_scoring_recall.md``).
 
@@ -29,28 +31,33 @@ __all__ = ["ProxyIndexer", "select_blocks_proxy"]
 
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
-                        impl: str = "auto") -> torch.Tensor:
+                        groups: int = 1, impl: str = "auto") -> torch.Tensor:
     """Top-``topk`` blocks per KV head and token, int32 ``[Hkv, T, topk]`` (ascending ids, then ``-1``), scored
-    as in the module docstring. ``q [T, H, 128]``, ``cache`` the layer's NVFP4 cache, ``block_table [R, S]``,
-    ``req``, ``pos [T]`` int32 as in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
+    as in the module docstring with ``groups`` queries per KV head. ``q [T, H, 128]``, ``cache`` the layer's
+    NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as in the kernel contract
+    (:mod:`sglang_nvfp4.reference`)."""
     hkv = fmt.check_cache(cache)
-    t, _ = check_queries(q, hkv)
+    t, heads = check_queries(q, hkv)
+    group = heads // hkv
     check_token_metadata(block_table, req, pos, t, cache.device)
     check_selection_settings(topk, sink_blocks, local_blocks)
+    if groups < 1 or group % groups:
+        raise ValueError(f"groups={groups}: must divide the {group} query heads per KV head")
     if q.device != cache.device:
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
         return torch.empty(hkv, 0, topk, dtype=torch.int32, device=q.device)
-    queries = aggregate_queries(q, hkv, "mean")
+    queries = aggregate_queries(q, hkv * groups, "mean")  # [T, Hkv * groups, 128]: runs of consecutive heads
     if resolve_impl(impl, q.device) == "triton":
         from ..kernels.triton_indexer import select_proxy_blocks
 
-        return select_proxy_blocks(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks)
-    return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks)
+        return select_proxy_blocks(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks,
+                                   groups=groups)
+    return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups)
 
 
-def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks):
-    hkv = queries.shape[1]
+def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups):
+    hkv = queries.shape[1] // groups
     check_index_values(block_table, req, pos, cache.shape[0])
 
     def request_keys(r: int, num_blocks: int) -> torch.Tensor:  # dequantized K per KV head: [Hkv, B * 128, 128]
@@ -58,16 +65,16 @@ def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, loca
         k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0)
         return k.transpose(0, 1).reshape(hkv, num_blocks * fmt.PAGE_SIZE, fmt.HEAD_DIM).float()
 
-    return select_by_max_pooled_keys(queries, request_keys, req, pos, topk, sink_blocks, local_blocks)
+    return select_by_max_pooled_keys(queries, request_keys, req, pos, topk, sink_blocks, local_blocks, groups)
 
 
 class ProxyIndexer:
     """:class:`~.protocol.BlockIndexer` scoring with :func:`select_blocks_proxy`: no state of its own."""
 
     def __init__(self, num_layers: int, num_pages: int, num_kv_heads: int, device=None, *, topk: int = fmt.TOPK,
-                 sink_blocks: int = 1, local_blocks: int = 1):
+                 sink_blocks: int = 1, local_blocks: int = 1, groups: int = 1):
         check_selection_settings(topk, sink_blocks, local_blocks)
-        self.topk, self.sink_blocks, self.local_blocks = topk, sink_blocks, local_blocks
+        self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:
@@ -87,4 +94,4 @@ class ProxyIndexer:
 
     def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs) -> torch.Tensor:
         return select_blocks_proxy(q, cache, block_table, req, pos, topk=self.topk, sink_blocks=self.sink_blocks,
-                                   local_blocks=self.local_blocks)
+                                   local_blocks=self.local_blocks, groups=self.groups)

@@ -260,10 +260,14 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
     its score is never read (the selections equal those of scores masked at the position). Two key sources:
 
     * index keys (``FROM_CACHE`` false; MiniMax-M3): rows are (token, index head) pairs, ``idx_q [T, HEADS,
-      D]``, all sharing the bf16/fp16 index keys ``keys [slots, D]``; one KV-head program;
-    * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are tokens, ``idx_q`` the aggregated
-      queries ``[T, HKV, 128]`` fp16, ``keys`` the cache; program_id(2) is the KV head. Decoded tiles hold
-      value / TILE_SCALE, a power of two, which changes no ranking."""
+      D]``, all sharing the bf16/fp16 index keys ``keys [slots, D]``; one KV-head program (``HKV`` 1);
+    * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are (token, query group) pairs, ``idx_q``
+      the aggregated queries ``[T, HKV * HEADS, 128]`` fp16 (``HEADS`` groups per KV head), ``keys`` the cache;
+      program_id(2) is the KV head. Decoded tiles hold value / TILE_SCALE, a power of two, which changes no
+      ranking.
+
+    Row (token ``t``, head ``h``) of KV head ``kv`` reads query ``t * HKV * HEADS + kv * HEADS + h`` and writes
+    score row ``kv * HEADS + h``."""
     tile = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     kv_head = tl.program_id(2)
@@ -276,11 +280,10 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
     pos = tl.load(pos_ptr + tok, mask=in_range, other=0)
     own = pos // PAGE
     if first <= tl.max(tl.where(in_range, own, -1), axis=0):  # else no row sees a block of this group
-        q_heads = HKV if FROM_CACHE else HEADS
         dims = tl.arange(0, D)
         keyrow = tl.arange(0, PAGE)
         col = tl.arange(0, BLOCKS)
-        q = tl.load(idx_q_ptr + (tok.to(tl.int64) * q_heads + head + kv_head)[:, None] * D + dims[None, :],
+        q = tl.load(idx_q_ptr + ((tok.to(tl.int64) * HKV + kv_head) * HEADS + head)[:, None] * D + dims[None, :],
                     mask=in_range[:, None], other=0.0)
         one_request = _one_request(req, in_range)  # one pass; else one pass per token
         passes = tl.where(one_request, 1, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
@@ -300,7 +303,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
             block = first + col
-            out_head = (head + kv_head).to(tl.int64)
+            out_head = (kv_head * HEADS + head).to(tl.int64)
             out = scores_ptr + (out_head * num_tokens + tok)[:, None] * num_cols + block[None, :]
             tl.store(out, score, mask=active[:, None] & (block[None, :] <= own[:, None]))
 
@@ -373,17 +376,22 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     )
 
 
-def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int) -> None:
-    """Block scores of the proxy indexer: aggregated queries ``[n, Hkv, 128]`` fp16 against the K of the
-    NVFP4 ``cache``, max-pooled per block, into ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only)."""
-    n, hkv, d = queries.shape
+def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int, groups: int = 1) -> None:
+    """Block scores of the proxy indexer: aggregated queries ``[n, Hkv * groups, 128]`` fp16 (``groups`` per KV
+    head) against the K of the NVFP4 ``cache``, max-pooled per block, into ``scores`` fp32 ``[Hkv * groups, n,
+    S]`` (visible blocks only)."""
+    n, rows_per_token, d = queries.shape
+    hkv = cache.shape[1] // 2
+    if rows_per_token != hkv * groups:
+        raise ValueError(f"proxy_block_scores: {rows_per_token} query rows per token for {hkv} KV heads x {groups} groups")
     if not (scores.is_contiguous() and queries.is_contiguous()):
         raise ValueError("proxy_block_scores: queries and scores must be contiguous")
-    rows = max(16, tokens)
+    hp = triton.next_power_of_2(groups)
+    rows = max(16, tokens * hp)
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
-        HEADS=1, HP=1, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
+        HEADS=groups, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
         USE_PTX=uses_ptx(cache.device), num_warps=4 if rows <= 64 else 8,
     )
 
@@ -451,20 +459,27 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
 
 
 def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
-                        pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
+                        pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *, groups: int = 1,
                         score_bytes: int = LEARNED_SCORE_BYTES,
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
-    ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv, 128]``; ``cache`` the NVFP4
-    cache. As :func:`select_learned_blocks`, with one KV head per score program (prefill tiles of 128
-    tokens)."""
-    t, hkv, _ = queries.shape
+    ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv * groups, 128]`` (``groups``
+    per KV head); ``cache`` the NVFP4 cache. As :func:`select_learned_blocks`, with one KV head per score program
+    (prefill tiles of 128 (token, group) rows); with several groups, a block's score is the max over the KV
+    head's groups."""
+    t = queries.shape[0]
+    hkv = cache.shape[1] // 2
     queries = queries.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    tokens, blocks = learned_tiling(t, block_table.shape[0], 1)  # one head per program: rows are tokens
+    tokens, blocks = learned_tiling(t, block_table.shape[0], groups)
 
     def score_chunk(part, scores):
-        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks)
+        if groups == 1:
+            proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks)
+            return
+        per_group = torch.empty(hkv * groups, *scores.shape[1:], dtype=scores.dtype, device=scores.device)
+        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], per_group, tokens, blocks, groups)
+        torch.amax(per_group.view(hkv, groups, *scores.shape[1:]), dim=1, out=scores)
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
-                             score_bytes, decode_blocks_per_step)
+                             score_bytes // groups, decode_blocks_per_step)

@@ -17,6 +17,11 @@ variable                       default  meaning
                                         max-pooled: the best recall in
                                         ``bench/results/quality_scoring_recall.md``; its cost
                                         on the H200: ``bench/results/selection_h200.md``)
+``NVFP4_SPARSE_PROXY_GROUPS``  1        ``proxy`` only: queries per KV head (means of runs of
+                                        consecutive query heads; a block scores the max over them).
+                                        4 found the record's block in 12 of 12 prompts at 32K where 1
+                                        did in 9 (``bench/results/quality_model_h200.md``, CPU);
+                                        GPU cost and answers not measured yet
 ``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
                                         (dense attention over the NVFP4 cache), or ``all``
 ``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
@@ -49,7 +54,7 @@ from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIn
 from .minimax_m3 import M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
-_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER")  # a model's own indexer replaces them
+_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS")  # a model's own indexer replaces them
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
 # Blocks per KV head and token when NVFP4_SPARSE_TOPK is unset. On the trained retrieval model, top-32 quest lost
 # 1.4 points against dense over all 4K-32K prompts (up to 5.5 at 32K) where top-16 lost 13.2, at 1.68x top-16's
@@ -64,6 +69,7 @@ class SparseConfig:
     sink_blocks: int = 1
     local_blocks: int = 1
     indexer: str = "quest"
+    proxy_groups: int = 1  # queries per KV head of the proxy indexer
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
     explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
     model: M3Sparsity | None = None  # a checkpoint's own selection (MiniMax-M3), from for_model()
@@ -102,7 +108,7 @@ class SparseConfig:
             return self.model.indexer_kind(start_layer, num_layers, self.dense_layers)
         selection = {"topk": self.topk, "sink_blocks": self.sink_blocks, "local_blocks": self.local_blocks}
         if self.indexer == "proxy":
-            return ProxyIndexer, selection
+            return ProxyIndexer, {**selection, "groups": self.proxy_groups}
         return SummaryIndexer, {"method": self.indexer, **selection}
 
     def indexer_state_bytes(self, num_layers: int, num_kv_heads: int, start_layer: int = 0) -> StateBytes:
@@ -139,6 +145,9 @@ def load_config(env=None) -> SparseConfig:
     indexer = env.get(_PREFIX + "INDEXER") or "quest"
     if indexer not in INDEXERS:
         raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXERS}")
+    proxy_groups = _int(env, "PROXY_GROUPS", 1, 1, 64)
+    if proxy_groups > 1 and indexer != "proxy":
+        raise ValueError(f"{_PREFIX}PROXY_GROUPS={proxy_groups}: applies to {_PREFIX}INDEXER=proxy only (got {indexer!r})")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
@@ -151,7 +160,7 @@ def load_config(env=None) -> SparseConfig:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: layer ids must be >= 0")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
-    return SparseConfig(topk, sink, local, indexer, dense, explicit)
+    return SparseConfig(topk, sink, local, indexer, proxy_groups, dense, explicit)
 
 
 @functools.cache
