@@ -465,6 +465,10 @@ def test_settings_checked_against_the_model():
         load_config({"NVFP4_SPARSE_DENSE_LAYERS": "1,2,99"}).check_model(num_layers=2, head_dim=128)
     with pytest.raises(ValueError, match="head_dim 64"):
         load_config({}).check_model(num_layers=2, head_dim=128 // 2)
+    proxy4 = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
+    proxy4.check_model(num_layers=2, head_dim=128, heads_per_kv=16)
+    with pytest.raises(ValueError, match="PROXY_GROUPS=4: must divide the model's 6 query heads per KV head"):
+        proxy4.check_model(num_layers=2, head_dim=128, heads_per_kv=6)
 
 
 @pytest.mark.parametrize("env, config_edit, match", [
@@ -476,6 +480,7 @@ def test_settings_checked_against_the_model():
     ({"NVFP4_SPARSE_DENSE_LAYERS": "99"}, {}, "beyond the model's 2 layers"),
     ({"NVFP4_SPARSE_KERNEL": "bogus"}, {}, "NVFP4_SPARSE_KERNEL='bogus'"),
     ({}, {"head_dim": 64}, "head_dim 64"),
+    ({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "3"}, {}, "PROXY_GROUPS=3: must divide"),
 ])
 def test_bad_settings_fail_when_the_server_arguments_resolve(tmp_path, monkeypatch, env, config_edit, match):
     """Where SGLang resolves the server arguments: in the launcher, before any weight is loaded."""

@@ -114,7 +114,9 @@ class NVFP4SparseAttnBackend(AttentionBackend):
             self.config = self.config.for_model(hf_config)
         num_layers = getattr(model_runner.model_config, "num_hidden_layers", None)
         if num_layers is not None:
-            self.config.check_model(num_layers, model_runner.model_config.head_dim)
+            cfg = model_runner.model_config
+            heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+            self.config.check_model(num_layers, cfg.head_dim, heads // kv_heads if heads and kv_heads else None)
         pool = self.token_to_kv_pool
         self.indexer = pool.attach_indexer(
             lambda: self.config.build_indexer(pool.layer_num, pool.num_pages, pool.head_num, pool.device,

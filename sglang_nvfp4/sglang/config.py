@@ -91,11 +91,15 @@ class SparseConfig:
             return True
         return self.model is not None and layer_id not in self.model.sparse_layers
 
-    def check_model(self, num_layers: int, head_dim: int) -> None:
-        """Settings that depend on the model: ``ValueError`` for a head_dim the cache layout does not hold,
-        and for dense layer ids the model does not have (a typo would leave every layer sparse)."""
+    def check_model(self, num_layers: int, head_dim: int, heads_per_kv: int | None = None) -> None:
+        """Settings that depend on the model: ``ValueError`` for a head_dim the cache layout does not hold, for
+        dense layer ids the model does not have (a typo would leave every layer sparse), and for proxy query
+        groups that do not divide the query heads per KV head (when ``heads_per_kv`` is known)."""
         if head_dim != fmt.HEAD_DIM:
             raise ValueError(f"nvfp4_sparse: head_dim {head_dim} is not supported, only {fmt.HEAD_DIM}")
+        if self.indexer == "proxy" and heads_per_kv and heads_per_kv % self.proxy_groups:
+            raise ValueError(f"{_PREFIX}PROXY_GROUPS={self.proxy_groups}: must divide the model's {heads_per_kv} "
+                             "query heads per KV head")
         beyond = sorted(x for x in self.dense_layers or () if x >= num_layers)
         if beyond:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS: layer ids {beyond} are beyond the model's {num_layers} layers "

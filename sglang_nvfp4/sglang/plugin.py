@@ -128,12 +128,15 @@ def read_model_config(model_path: str, trust_remote_code: bool = False):
         return None
 
 
-def model_attention_shape(hf_config) -> tuple[int, int] | None:
-    """``(num_layers, head_dim)`` of a Hugging Face config, or ``None`` when it does not say."""
+def model_attention_shape(hf_config) -> tuple[int, int, int | None] | None:
+    """``(num_layers, head_dim, query heads per KV head or None)`` of a Hugging Face config, or ``None`` when it
+    does not say."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
     head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
-    return (layers, head_dim) if layers and head_dim else None
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    heads_per_kv = heads // kv_heads if heads and kv_heads and heads % kv_heads == 0 else None
+    return (layers, head_dim, heads_per_kv) if layers and head_dim else None
 
 
 def kv_pool_class_override(kind: str):
