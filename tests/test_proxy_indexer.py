@@ -86,7 +86,8 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
     assert config.indexer_kind(0, 2) == (ProxyIndexer, {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": 1})
     assert config.indexer_state_bytes(2, 2) == StateBytes()
-    grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"}).build_indexer(2, 5, 2, "cpu")
+    grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
+    grouped = grouped.build_indexer(2, 5, 2, "cpu")
     assert grouped.groups == 4 and torch.equal(grouped.select(0, q, cache, table, req, pos),
                                                select_blocks_proxy(q, cache, table, req, pos, topk=32, groups=4))
     with pytest.raises(ValueError, match="PROXY_GROUPS=2: applies to NVFP4_SPARSE_INDEXER=proxy only"):
@@ -100,8 +101,9 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
 def check_kernel_on_exact_ties(device):
     # prefill tiles within and across requests, decode-like batches (one token per request), GQA 4 and 16
     # query groups: 1, 2 and 4 per KV head (prefill tiles of 128, 64 and 32 tokens), 4 in decode
-    cases = [(4, [1900, 700, 130], [40, 25, 9], 4, 1), (5, [5000], [70], 16, 1), (6, [2800, 2500, 1300], [1, 1, 1], 4, 1),
-             (7, [1900, 700, 130], [40, 25, 9], 4, 2), (8, [3000], [70], 16, 4), (9, [2800, 2500, 1300], [1, 1, 1], 4, 4)]
+    cases = [(4, [1900, 700, 130], [40, 25, 9], 4, 1), (5, [5000], [70], 16, 1),
+             (6, [2800, 2500, 1300], [1, 1, 1], 4, 1), (7, [1900, 700, 130], [40, 25, 9], 4, 2),
+             (8, [3000], [70], 16, 4), (9, [2800, 2500, 1300], [1, 1, 1], 4, 4)]
     for seed, seq_lens, tokens, group, groups in cases:
         q, cache, table, req, pos = exact_problem(seed, seq_lens, tokens, group=group)
         if tokens[0] == 1:

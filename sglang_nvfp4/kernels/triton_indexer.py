@@ -376,14 +376,16 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     )
 
 
-def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int, groups: int = 1) -> None:
+def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int,
+                       groups: int = 1) -> None:
     """Block scores of the proxy indexer: aggregated queries ``[n, Hkv * groups, 128]`` fp16 (``groups`` per KV
     head) against the K of the NVFP4 ``cache``, max-pooled per block, into ``scores`` fp32 ``[Hkv * groups, n,
     S]`` (visible blocks only)."""
     n, rows_per_token, d = queries.shape
     hkv = cache.shape[1] // 2
     if rows_per_token != hkv * groups:
-        raise ValueError(f"proxy_block_scores: {rows_per_token} query rows per token for {hkv} KV heads x {groups} groups")
+        raise ValueError(f"proxy_block_scores: {rows_per_token} query rows per token for {hkv} KV heads x "
+                         f"{groups} groups")
     if not (scores.is_contiguous() and queries.is_contiguous()):
         raise ValueError("proxy_block_scores: queries and scores must be contiguous")
     hp = triton.next_power_of_2(groups)

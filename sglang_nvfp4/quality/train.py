@@ -121,7 +121,8 @@ def main(argv=None) -> None:
                          "(queries after both are two-answer queries)")
     ap.add_argument("--max-gap", type=int, default=task.MEAN_EVENT_GAP, help="largest mean event gap of a training document")
     ap.add_argument("--late-keys", type=int, default=0,
-                    help="keys per document asked only in its last tenth, far from their records (task.with_late_queries)")
+                    help="keys per document asked only in its last tenth, far from their records "
+                         "(task.with_late_queries)")
     ap.add_argument("--late-weight", type=float, default=1.0,
                     help="weight of the late queries' mean loss, added to the mean loss of all queries")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="stop after this many seconds")

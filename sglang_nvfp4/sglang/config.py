@@ -54,7 +54,8 @@ from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIn
 from .minimax_m3 import M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
-_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS")  # a model's own indexer replaces them
+# A model's own indexer replaces these.
+_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS")
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
 # Blocks per KV head and token when NVFP4_SPARSE_TOPK is unset. On the trained retrieval model, top-32 quest lost
 # 1.4 points against dense over all 4K-32K prompts (up to 5.5 at 32K) where top-16 lost 13.2, at 1.68x top-16's
@@ -151,7 +152,8 @@ def load_config(env=None) -> SparseConfig:
         raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXERS}")
     proxy_groups = _int(env, "PROXY_GROUPS", 1, 1, 64)
     if proxy_groups > 1 and indexer != "proxy":
-        raise ValueError(f"{_PREFIX}PROXY_GROUPS={proxy_groups}: applies to {_PREFIX}INDEXER=proxy only (got {indexer!r})")
+        raise ValueError(f"{_PREFIX}PROXY_GROUPS={proxy_groups}: applies to {_PREFIX}INDEXER=proxy only "
+                         f"(got {indexer!r})")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
