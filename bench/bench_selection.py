@@ -1,5 +1,5 @@
-"""What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``)
-and the sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
+"""What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``,
+``proxy/G`` with G query groups per KV head) and the sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
 
     python bench/bench_selection.py --out DIR [--prefill-t 32768] [--decode-batch 32 256] [--decode-ctx 32768]
 
@@ -42,9 +42,10 @@ from sglang_nvfp4 import kernels
 from sglang_nvfp4.indexer import BlockSummaries, all_visible_blocks, select_blocks, select_blocks_proxy
 from sglang_nvfp4.kernels import triton_prefill
 
-INDEXERS = ("quest", "proxy")
+INDEXERS = ("quest", "proxy", "proxy/4")
 BUDGETS = (16, 32, 64)
-# (indexer, top-k) per row; ("every_block", None) is a dense layer's selection.
+# (indexer, top-k) per row; "proxy/G" is the proxy with G query groups per KV head
+# (NVFP4_SPARSE_PROXY_GROUPS); ("every_block", None) is a dense layer's selection.
 SETTINGS = (*((indexer, topk) for indexer in INDEXERS for topk in BUDGETS), ("every_block", None))
 PREFILL_HEADS = ((64, 4), (16, 1))
 DECODE_HEADS = (64, 4)
@@ -56,8 +57,9 @@ def selector(indexer: str, topk: int | None, cache, slots):
     if indexer == "every_block":
         kv_heads = cache.shape[1] // 2
         return lambda q, bt, req, pos: all_visible_blocks(pos, bt.shape[1]).expand(kv_heads, -1, -1)
-    if indexer == "proxy":
-        return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk)
+    if indexer.startswith("proxy"):
+        groups = int(indexer.partition("/")[2] or 1)
+        return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk, groups=groups)
     summaries = BlockSummaries(cache.shape[0], cache.shape[1] // 2, device=DEV)
     summaries.update(cache, slots)
     return lambda q, bt, req, pos: select_blocks(q, summaries, bt, req, pos, topk=topk, method=indexer)
@@ -86,12 +88,12 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SE
         log(f"prefill T={t} {heads}/{hkv} {indexer} top{topk}: select {row['select_ms']:.2f} ms, "
             f"attention {row['attention_ms']:.2f} ms, union {row['union_mean']:.1f}")
         del block_ids, args
-    base = next(r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK)
+    base = _quest16_total(rows)
     k_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
     v_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
     dense_ms = dense_causal_ms(q, k_dense, v_dense)
     for row in rows:
-        row["vs_quest16"] = row["total_ms"] / base
+        row["vs_quest16"] = row["total_ms"] / base if base else None
         row["dense_sdpa_ms"] = dense_ms
     return rows
 
@@ -124,10 +126,15 @@ def decode_rows(batch: int, ctx: int, gen: torch.Generator, settings=SETTINGS) -
         rows.append(row)
         log(f"decode b{batch} ctx {ctx} {indexer} top{topk}: select {row['select_ms'] * 1e3:.0f} us, "
             f"attention {row['attention_ms'] * 1e3:.0f} us")
-    base = next(r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK)
+    base = _quest16_total(rows)
     for row in rows:
-        row["vs_quest16"] = row["total_ms"] / base
+        row["vs_quest16"] = row["total_ms"] / base if base else None
     return rows
+
+
+def _quest16_total(rows: list[dict]) -> float | None:
+    """Total time of the top-16 quest row (the default until 2026-12-01), None when it was not timed."""
+    return next((r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK), None)
 
 
 def main(argv=None) -> None:
