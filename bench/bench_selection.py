@@ -1,5 +1,6 @@
 """What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``,
-``proxy/G`` with G query groups per KV head) and the sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
+``proxy/G`` with G query groups per KV head) and the sparse attention it feeds, per budget (top-16/32/64 blocks),
+prefill and decode (issue 17).
 
     python bench/bench_selection.py --out DIR [--prefill-t 32768] [--decode-batch 32 256] [--decode-ctx 32768]
 
@@ -137,6 +138,29 @@ def _quest16_total(rows: list[dict]) -> float | None:
     return next((r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK), None)
 
 
+def proxy_rows_sweep(t: int, gen: torch.Generator, groups: list[int], rows: list[int]) -> list[dict]:
+    """Prefill selection time of the proxy indexer (top-32, 64/4 heads, T tokens) per query-group count and
+    (token, group) rows per score program (``PROXY_PREFILL_ROWS`` is the shipped one)."""
+    from sglang_nvfp4.indexer.summary import aggregate_queries
+    from sglang_nvfp4.kernels.triton_indexer import select_proxy_blocks
+
+    heads, hkv = DECODE_HEADS
+    cache, block_table, _ = one_request(t, hkv, gen)
+    pos = torch.arange(t, device=DEV, dtype=torch.int32)
+    req = torch.zeros_like(pos)
+    q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
+    out = []
+    for g in groups:
+        queries = aggregate_queries(q, hkv * g, "mean").contiguous()
+        for r in rows:
+            def select():
+                return select_proxy_blocks(queries, cache, block_table, req, pos, 32, 1, 1, groups=g, prefill_rows=r)
+            select()  # untimed: compile
+            out.append({"T": t, "H": heads, "Hkv": hkv, "groups": g, "prefill_rows": r, "select_ms": bench_ms(select)})
+            log(f"proxy rows sweep T={t} groups {g} rows {r}: {out[-1]['select_ms']:.2f} ms")
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -145,6 +169,9 @@ def main(argv=None) -> None:
     ap.add_argument("--decode-ctx", type=int, default=32768)
     ap.add_argument("--settings", nargs="*", default=[f"{i}:{k}" for i, k in SETTINGS],
                     help="INDEXER:TOPK rows to time (every_block:None is a dense layer); default: all")
+    ap.add_argument("--proxy-groups-sweep", type=int, nargs="*", default=[],
+                    help="query-group counts of the proxy rows sweep (64/4 heads, first --prefill-t); none: skipped")
+    ap.add_argument("--proxy-rows", type=int, nargs="*", default=[128, 256], help="rows per score program swept")
     args = ap.parse_args(argv)
     settings = [(name, None if k == "None" else int(k)) for name, k in (s.split(":") for s in args.settings)]
     os.makedirs(args.out, exist_ok=True)
@@ -159,6 +186,9 @@ def main(argv=None) -> None:
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
+    if args.proxy_groups_sweep:
+        results["proxy_rows_sweep"] = proxy_rows_sweep(args.prefill_t[0], gen, args.proxy_groups_sweep, args.proxy_rows)
+        save()
     for t in args.prefill_t:
         for heads, hkv in PREFILL_HEADS:
             results["prefill"].extend(prefill_rows(t, heads, hkv, gen, settings))

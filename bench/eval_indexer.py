@@ -18,8 +18,10 @@ cache and summarised by :class:`BlockSummaries` in unaligned prefill chunks:
   (which makes attention favour recent keys through RoPE) and noise, with per-head weights.
 
 Methods: the library's ``mean`` and ``quest`` (per-head scores summed over the G heads), the same
-with the max over heads instead of the sum (``*-maxhead``, eval only: the aggregation choice),
-and ``window`` (sink + the ``k - 1`` most recent blocks: what a sliding window keeps).
+with the max over heads instead of the sum (``*-maxhead``, eval only: the aggregation choice), the
+token-level ``proxy`` indexer with the head-mean query (``proxy``) and with every query head (``proxy-all``,
+the default since 2026-12-03), and ``window`` (sink + the ``k - 1`` most recent blocks: what a sliding window
+keeps).
 
 GPU timing (runs only when CUDA is available): one request, ``H=64, Hkv=4``, contexts 32K and
 128K; a prefill chunk of the last 8192 tokens and a decode batch; indexer (summary update and
@@ -48,7 +50,8 @@ from timing import bench_ms
 
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
-from sglang_nvfp4.indexer import BlockSummaries, aggregate_queries, forced_blocks, rank_blocks, select_blocks
+from sglang_nvfp4.indexer import (BlockSummaries, aggregate_queries, forced_blocks, rank_blocks, select_blocks,
+                                  select_blocks_proxy)
 from sglang_nvfp4.quality.block_mass import block_attention_mass, oracle_blocks
 from sglang_nvfp4.reference import sparse_prefill_reference
 
@@ -185,6 +188,8 @@ def evaluate_set(name, k, v, q, qpos, seed, topk):
         "quest": select_blocks(q, summaries, table, req, pos, topk=topk, method="quest"),
         "mean-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "mean"), own, topk, forced),
         "quest-maxhead": rank_blocks(head_aggregated_scores(q, summaries, table, "quest"), own, topk, forced),
+        "proxy": select_blocks_proxy(q, cache, table, req, pos, topk=topk, impl="torch"),
+        "proxy-all": select_blocks_proxy(q, cache, table, req, pos, topk=topk, groups=None, impl="torch"),
         "window": window_selection(qpos, hkv, num_blocks, topk),
         "oracle": oracle_blocks(mass, pos, topk),  # the bound any top-k selection can reach
     }

@@ -6,8 +6,8 @@ on the project's synthetic task (:mod:`sglang_nvfp4.quality.task`): documents of
 records ``<k> KEY VALUE`` hidden at random places; a prompt ends with the question ``<q> KEY`` and the right
 next token is that record's value. The demo starts ``sglang.launch_server`` on 127.0.0.1 (torch reference
 kernels on CPU, Triton on a GPU), sends prompts of 3-6K tokens (24-48 blocks of 128, while each token attends
-the default 32 of them) with the record at several depths, prints expected vs answered, asks a second question about a
-document already in the radix cache, prints the KV capacity against a bf16 cache of the same size, and stops
+the default 16 of them) with the record at several depths, prints expected vs answered, asks a second question
+about a document already in the radix cache, prints the KV capacity against a bf16 cache of the same size, and stops
 the server with SIGTERM.
 
 ``python -m sglang_nvfp4.demo [--model DIR] [--workdir DIR]``

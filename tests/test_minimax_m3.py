@@ -12,7 +12,7 @@ pytest.importorskip("sglang.srt")
 
 from transformers import PretrainedConfig  # noqa: E402
 
-from sglang_nvfp4.indexer import LearnedIndexer, StateBytes, SummaryIndexer  # noqa: E402
+from sglang_nvfp4.indexer import LearnedIndexer, ProxyIndexer, StateBytes  # noqa: E402
 from sglang_nvfp4.sglang import plugin  # noqa: E402
 from sglang_nvfp4.sglang.config import load_config, startup_config  # noqa: E402
 from sglang_nvfp4.sglang.minimax_m3 import M3Sparsity, m3_sparsity  # noqa: E402
@@ -95,7 +95,7 @@ def test_pool_bytes_count_the_index_keys_of_the_ranks_sparse_layers(monkeypatch)
                                                                  / (stock + buffers))
     config = load_config({}).for_model(hf)
     assert config.indexer_state_bytes(4, 2) == StateBytes(per_token=3 * 256)
-    assert load_config({}).indexer_kind(0, 4)[0] is SummaryIndexer
+    assert load_config({}).indexer_kind(0, 4)[0] is ProxyIndexer
     assert load_config({"NVFP4_SPARSE_DENSE_LAYERS": "1"}).for_model(hf).indexer_state_bytes(4, 2) == \
         StateBytes(per_token=2 * 256)
     ix = config.build_indexer(4, 3, 2, "cpu")

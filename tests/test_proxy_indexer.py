@@ -70,6 +70,8 @@ def test_query_groups_change_the_selection_and_must_divide_the_heads():
     q, cache, table, req, pos = exact_problem(3, [2600], [40])
     one, four = (select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=g, impl="torch") for g in (1, 4))
     assert not torch.equal(one, four)  # the groups are scored, not averaged away
+    every_head = select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=None, impl="torch")
+    assert torch.equal(every_head, brute_force_f64(q, cache, table, req, pos, 4, 1, 1, groups=4))
     with pytest.raises(ValueError, match="groups=3: must divide the 4 query heads"):
         select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=3)
 
@@ -94,18 +96,31 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
         load_config({"NVFP4_SPARSE_PROXY_GROUPS": "2"})
     with pytest.raises(ValueError, match="PROXY_GROUPS=0: expected 1..64"):
         load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "0"})
+    with pytest.raises(ValueError, match="PROXY_GROUPS='four': expected 'all' or an integer 1..64"):
+        load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "four"})
+    every_head = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "all"})
+    every_head.check_model(2, fmt.HEAD_DIM, heads_per_kv=12)  # any head count: one query per head
+    every_head = every_head.build_indexer(2, 5, 2, "cpu")
+    assert every_head.groups is None and torch.equal(every_head.select(0, q, cache, table, req, pos),
+                                                     select_blocks_proxy(q, cache, table, req, pos, topk=32, groups=4))
     with pytest.raises(ValueError, match="INDEXER='bogus': expected one of \\('mean', 'quest', 'proxy'\\)"):
         load_config({"NVFP4_SPARSE_INDEXER": "bogus"})
 
 
 def check_kernel_on_exact_ties(device):
-    # prefill tiles within and across requests, decode-like batches (one token per request), GQA 4 and 16
-    # query groups: 1, 2 and 4 per KV head (prefill tiles of 128, 64 and 32 tokens), 4 in decode
+    # prefill tiles within and across requests, decode-like batches (one token per request), GQA 4, 12 and 16
+    # query groups: 1, 2, 4 and 16 per KV head (prefill tiles of 128, 64, 32 and 8 tokens), 4 in decode; 3 groups
+    # of GQA 12 pad each token's rows to 4 (a padding row scores 0 and must not enter the max over groups)
     cases = [(4, [1900, 700, 130], [40, 25, 9], 4, 1), (5, [5000], [70], 16, 1),
              (6, [2800, 2500, 1300], [1, 1, 1], 4, 1), (7, [1900, 700, 130], [40, 25, 9], 4, 2),
-             (8, [3000], [70], 16, 4), (9, [2800, 2500, 1300], [1, 1, 1], 4, 4)]
+             (8, [3000], [70], 16, 4), (9, [2800, 2500, 1300], [1, 1, 1], 4, 4),
+             (10, [1900, 700, 130], [40, 25, 9], 12, 3), (11, [2800, 2500, 1300], [1, 1, 1], 12, 3),
+             (12, [3000], [70], 16, 16)]
     for seed, seq_lens, tokens, group, groups in cases:
         q, cache, table, req, pos = exact_problem(seed, seq_lens, tokens, group=group)
+        if group % 4:  # every logit negative (keys >= 0, queries <= 0), so a padding row's 0 would win the max
+            cache[:, : cache.shape[1] // 2, :, : fmt.SCALE_OFFSET] &= 0x77  # clear both E2M1 sign bits
+            q = -q.abs()
         if tokens[0] == 1:
             pos = torch.tensor(seq_lens, dtype=torch.int32) - 1
         args = [x.to(device) for x in (q, cache, table, req, pos)]

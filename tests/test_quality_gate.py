@@ -7,13 +7,13 @@ over it, some twice (``pair`` prompts: both values must be the two most likely n
 its document followed by ``<q> KEY``. The documents are served first, so each prompt is a two-token extend over
 the document's cached pages (the radix-cache path is the one under test).
 
-* **Selection**, four documents of 8192 tokens (64 blocks; 98 prompts): the query token's selection takes 32
-  of its 65 blocks under the default top-32 quest. The baseline is every block attended through the same NVFP4
-  cache (``DENSE_LAYERS=all``), so the difference is the selection alone. Dense ``torch_native`` is not run at
-  this length: it recomputes the whole prompt's attention for every two-token extend (minutes per setting on
-  two cores).
-* **Storage**, four documents of 2048 tokens (16 blocks; 46 prompts), where every setting attends every block:
-  NVFP4 against dense bf16 ``torch_native``.
+* **Selection**, four documents of 8192 tokens (64 blocks; 98 prompts): the query token's selection takes 16
+  of its 65 blocks under the default (top-16, ``proxy`` scoring with every query head). The baseline is every
+  block attended through the same NVFP4 cache (``DENSE_LAYERS=all``), so the difference is the selection alone.
+  Dense ``torch_native`` is not run at this length: it recomputes the whole prompt's attention for every
+  two-token extend (minutes per setting on two cores).
+* **Storage**, four documents of 2048 tokens (16 blocks; 46 prompts): every block through NVFP4
+  (``DENSE_LAYERS=all``) against dense bf16 ``torch_native``.
 
 Margins (accuracy points):
 
@@ -71,7 +71,6 @@ def test_prompts_are_sparse_for_the_default_and_cover_both_families():
     long, short = _prompts(LONG), _prompts(SHORT)
     assert len(long) >= 95 and len(short) >= 40
     assert (SELECTION_LENGTH + 2 + 127) // 128 >= 2 * DEFAULT_TOPK, "the default would attend most blocks"
-    assert (STORAGE_LENGTH + 2 + 127) // 128 <= DEFAULT_TOPK, "the storage check must attend every block"
     assert sum(p.family == "pair" for p in long) >= 15
     assert min(p.depth for p in long) < 0.1 and max(p.depth for p in long) > 0.9
 

@@ -6,14 +6,16 @@ of ``qbar[t] . k``, where ``qbar`` is the mean of the KV head's ``G`` query head
 (:func:`~.summary.aggregate_queries`, fp16) and ``k`` the dequantized K in the cache without the layer's
 global scale (``e2m1 * e4m3``; a positive scale changes no ranking). With ``groups`` > 1
 (``NVFP4_SPARSE_PROXY_GROUPS``) the KV head's query heads are split into that many runs of consecutive heads,
-each run's mean is a query, and the score is the max over them too. Blocks are then chosen by the rule of
-:mod:`.rules`. On the trained retrieval model this score ranks the record's block into the top 13 in
-0.983 / 0.950 of prompts at 4K / 8K, against 0.833 / 0.783 for quest (``bench/results/quality_scoring_recall.md``).
+each run's mean is a query, and the score is the max over them too; with one group per query head (``all``,
+the default) a block scores the largest logit any of the KV head's query heads has on its keys. Blocks are then
+chosen by the rule of :mod:`.rules`. On the trained retrieval model the every-head score kept the answers within
+1 point of dense at 4K-32K where 8 groups lost 5 and 4 groups 12 (``pair`` prompts at 32K,
+``bench/results/quality_selection_model_h200.md``).
 
 It keeps no state: the keys are the cache. The price is scoring every visible key instead of one summary
 per block: the Triton path (:func:`sglang_nvfp4.kernels.triton_indexer.select_proxy_blocks`) decodes each
-visible K page once per 128-token tile and runs ``qbar . k^T`` on the tensor cores (the M3 scoring kernel,
-reading the NVFP4 cache). The torch path (CPU, or ``impl="torch"``) works one request at a time.
+visible K page once per program of 128 (token, query) rows, runs ``qbar . k^T`` on the tensor cores (the M3
+scoring kernel, reading the NVFP4 cache) and takes the max over a token's queries in registers. The torch path (CPU, or ``impl="torch"``) works one request at a time.
 """
 
 from __future__ import annotations
@@ -31,23 +33,26 @@ __all__ = ["ProxyIndexer", "select_blocks_proxy"]
 
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
-                        groups: int = 1, impl: str = "auto") -> torch.Tensor:
+                        groups: int | None = 1, impl: str = "auto") -> torch.Tensor:
     """Top-``topk`` blocks per KV head and token, int32 ``[Hkv, T, topk]`` (ascending ids, then ``-1``), scored
-    as in the module docstring with ``groups`` queries per KV head. ``q [T, H, 128]``, ``cache`` the layer's
-    NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as in the kernel contract
-    (:mod:`sglang_nvfp4.reference`)."""
+    as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one).
+    ``q [T, H, 128]``, ``cache`` the layer's NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as
+    in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
     hkv = fmt.check_cache(cache)
     t, heads = check_queries(q, hkv)
     group = heads // hkv
     check_token_metadata(block_table, req, pos, t, cache.device)
     check_selection_settings(topk, sink_blocks, local_blocks)
+    groups = group if groups is None else groups
     if groups < 1 or group % groups:
         raise ValueError(f"groups={groups}: must divide the {group} query heads per KV head")
     if q.device != cache.device:
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
         return torch.empty(hkv, 0, topk, dtype=torch.int32, device=q.device)
-    queries = aggregate_queries(q, hkv * groups, "mean")  # [T, Hkv * groups, 128]: runs of consecutive heads
+    # [T, Hkv * groups, 128] fp16: means of runs of consecutive heads; one run per head is the query itself (the
+    # same fp16 values without the averaging pass: 2 ms at 32K tokens of 64 heads on the H200)
+    queries = q.to(torch.float16) if groups == group else aggregate_queries(q, hkv * groups, "mean")
     if resolve_impl(impl, q.device) == "triton":
         from ..kernels.triton_indexer import select_proxy_blocks
 
@@ -69,10 +74,11 @@ def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, loca
 
 
 class ProxyIndexer:
-    """:class:`~.protocol.BlockIndexer` scoring with :func:`select_blocks_proxy`: no state of its own."""
+    """:class:`~.protocol.BlockIndexer` scoring with :func:`select_blocks_proxy` (``groups`` queries per KV head,
+    ``None``: every query head): no state of its own."""
 
     def __init__(self, num_layers: int, num_pages: int, num_kv_heads: int, device=None, *, topk: int = fmt.TOPK,
-                 sink_blocks: int = 1, local_blocks: int = 1, groups: int = 1):
+                 sink_blocks: int = 1, local_blocks: int = 1, groups: int | None = 1):
         check_selection_settings(topk, sink_blocks, local_blocks)
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
 

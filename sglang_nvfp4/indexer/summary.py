@@ -36,7 +36,7 @@ token and KV head (the head mean of ``q``, resp. of ``relu(q)`` and ``min(q, 0)`
 than a sum keeps it in fp16 range), rounded to fp16; scores are fp16 x fp16 dot products with
 fp32 accumulation. On the evaluation (``bench/eval_indexer.py``, ``bench/results/indexer_recall_*``)
 the sum across heads gave quest a higher recall than the max across heads on every data set
-(for mean it was mixed), at 1/G of its cost. ``"quest"`` is the default: the mean key dilutes a
+(for mean it was mixed), at 1/G of its cost. ``"quest"`` is the summary method by default: the mean key dilutes a
 single strongly matching key 128-fold and misses planted needles that the bound finds.
 
 The blocks are then chosen by the selection rule of :mod:`.rules` (own, sink and local blocks

@@ -62,7 +62,7 @@ NUM_WARPS = gl.constexpr(4)  # one warpgroup
 
 # Splits per (token, KV head), the same for every batch and every selection width: a token's partial sums, and so
 # its output bits, must not depend on the other requests of its batch, and a dense layer's selection is as wide as
-# the batch's longest request. Swept on the H200 at the default top-32, 32K context, batch 1-256: 8 splits have
+# the batch's longest request. Swept on the H200 at top-32 (the default then), 32K context, batch 1-256: 8 splits have
 # the smallest worst case against the best setting of each batch size, 1.23x (bench/results/decode_gluon_h200.md).
 DECODE_SPLITS = 8
 

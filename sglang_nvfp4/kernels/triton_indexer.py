@@ -245,6 +245,7 @@ LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection prog
 # 4 warps: 4.9 ms against 5.8 (64 tokens, 64 blocks, 8 warps); the proxy indexer's selection is the same kernel
 # on the same [heads, T, S] scores and takes it too.
 LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 256, 2
+PROXY_PREFILL_ROWS = 128  # (token, group) rows of a proxy score program: each decodes its key tiles from NVFP4
 SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 32
 
 
@@ -253,7 +254,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                            num_tokens, num_cols, stride_br, stride_bs,
                            HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
                            ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
-                           FROM_CACHE: tl.constexpr, USE_PTX: tl.constexpr):
+                           FROM_CACHE: tl.constexpr, MAX_OVER_HEADS: tl.constexpr, USE_PTX: tl.constexpr):
     """Program (token tile, group of BLOCKS blocks, KV head): per block ``S = q . k^T`` on the tensor cores,
     the max over the block's 128 keys written to ``scores [heads, T, num_cols]`` (visible blocks only). A row's
     own block is scored over all its keys, those past the row's position too: the rule forces that block, so
@@ -267,7 +268,8 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
       ranking.
 
     Row (token ``t``, head ``h``) of KV head ``kv`` reads query ``t * HKV * HEADS + kv * HEADS + h`` and writes
-    score row ``kv * HEADS + h``."""
+    score row ``kv * HEADS + h``; with ``MAX_OVER_HEADS`` the max over a token's ``HEADS`` rows goes to score row
+    ``kv`` instead (``scores [HKV, T, num_cols]``: the proxy's query groups merged in registers)."""
     tile = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     kv_head = tl.program_id(2)
@@ -303,9 +305,27 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
             block = first + col
-            out_head = (kv_head * HEADS + head).to(tl.int64)
-            out = scores_ptr + (out_head * num_tokens + tok)[:, None] * num_cols + block[None, :]
-            tl.store(out, score, mask=active[:, None] & (block[None, :] <= own[:, None]))
+            if MAX_OVER_HEADS:
+                _store_max_over_heads(score, active, own, tok, block, scores_ptr + kv_head.to(tl.int64) * num_tokens
+                                      * num_cols, num_cols, ROWS // HP, HP, BLOCKS)
+            else:
+                out_head = (kv_head * HEADS + head).to(tl.int64)
+                out = scores_ptr + (out_head * num_tokens + tok)[:, None] * num_cols + block[None, :]
+                tl.store(out, score, mask=active[:, None] & (block[None, :] <= own[:, None]))
+
+
+@triton.jit
+def _store_max_over_heads(score, active, own, tok, block, out_ptr, num_cols,
+                          LANES: tl.constexpr, HP: tl.constexpr, BLOCKS: tl.constexpr):
+    """Store the max over each token's ``HP`` consecutive rows of ``score [LANES * HP, BLOCKS]`` (rows of inactive
+    or padding heads excluded: their zero queries would score 0) at ``out_ptr + token * num_cols + block``."""
+    score = tl.where(active[:, None], score, -float("inf"))
+    merged = tl.max(tl.reshape(score, (LANES, HP, BLOCKS)), axis=1)
+    lane_active = tl.max(tl.reshape(active.to(tl.int32), (LANES, HP)), axis=1) > 0
+    lane_own = tl.max(tl.reshape(own, (LANES, HP)), axis=1)  # padding heads hold 0, real ones the position's
+    lane_tok = tl.max(tl.reshape(tok, (LANES, HP)), axis=1)
+    out = out_ptr + lane_tok.to(tl.int64)[:, None] * num_cols + block[None, :]
+    tl.store(out, merged, mask=lane_active[:, None] & (block[None, :] <= lane_own[:, None]))
 
 
 @triton.jit
@@ -335,8 +355,8 @@ def learned_tiling(num_tokens: int, num_rows: int, heads: int, prefill_rows: int
     """(tokens per program, blocks per score program): decode-like batches (``T <= R``, about one token per
     request) take one token per program and 4 blocks per program (more programs per token); prefill
     tiles take ``prefill_rows`` rows of (token, head) and 16 blocks: the learned indexer 256 rows, 64 tokens of
-    4 index heads (``LEARNED_PREFILL_ROWS``); the proxy indexer 128 tokens of one head (its programs serve one
-    KV head each, and decode each key tile from NVFP4)."""
+    4 index heads (``LEARNED_PREFILL_ROWS``); the proxy indexer ``PROXY_PREFILL_ROWS`` rows of (token, query
+    group) (its programs serve one KV head each, and decode each key tile from NVFP4)."""
     if num_tokens <= num_rows:
         return 1, 4
     return max(1, prefill_rows // triton.next_power_of_2(heads)), 16
@@ -371,7 +391,8 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
         idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
-        HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False, USE_PTX=False,
+        HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False,
+        MAX_OVER_HEADS=False, USE_PTX=False,
         num_warps=num_warps or (4 if rows <= 64 else 8), **({"num_stages": num_stages} if num_stages else {}),
     )
 
@@ -379,8 +400,8 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
 def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int,
                        groups: int = 1) -> None:
     """Block scores of the proxy indexer: aggregated queries ``[n, Hkv * groups, 128]`` fp16 (``groups`` per KV
-    head) against the K of the NVFP4 ``cache``, max-pooled per block, into ``scores`` fp32 ``[Hkv * groups, n,
-    S]`` (visible blocks only)."""
+    head) against the K of the NVFP4 ``cache``, max-pooled per block and over the KV head's groups, into
+    ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only)."""
     n, rows_per_token, d = queries.shape
     hkv = cache.shape[1] // 2
     if rows_per_token != hkv * groups:
@@ -394,7 +415,7 @@ def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: in
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=groups, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
-        USE_PTX=uses_ptx(cache.device), num_warps=4 if rows <= 64 else 8,
+        MAX_OVER_HEADS=True, USE_PTX=uses_ptx(cache.device), num_warps=4 if rows <= 64 else 8,
     )
 
 
@@ -462,26 +483,21 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
 
 def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *, groups: int = 1,
-                        score_bytes: int = LEARNED_SCORE_BYTES,
+                        prefill_rows: int = PROXY_PREFILL_ROWS, score_bytes: int = LEARNED_SCORE_BYTES,
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
     ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv * groups, 128]`` (``groups``
     per KV head); ``cache`` the NVFP4 cache. As :func:`select_learned_blocks`, with one KV head per score program
-    (prefill tiles of 128 (token, group) rows); with several groups, a block's score is the max over the KV
-    head's groups."""
+    (prefill tiles of ``prefill_rows`` (token, group) rows); a block's score is the max over the KV head's
+    groups, taken in the score kernel."""
     t = queries.shape[0]
     hkv = cache.shape[1] // 2
     queries = queries.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
-    tokens, blocks = learned_tiling(t, block_table.shape[0], groups)
+    tokens, blocks = learned_tiling(t, block_table.shape[0], groups, prefill_rows)
 
     def score_chunk(part, scores):
-        if groups == 1:
-            proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks)
-            return
-        per_group = torch.empty(hkv * groups, *scores.shape[1:], dtype=scores.dtype, device=scores.device)
-        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], per_group, tokens, blocks, groups)
-        torch.amax(per_group.view(hkv, groups, *scores.shape[1:]), dim=1, out=scores)
+        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks, groups)
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
-                             score_bytes // groups, decode_blocks_per_step)
+                             score_bytes, decode_blocks_per_step)

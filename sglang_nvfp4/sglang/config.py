@@ -4,30 +4,29 @@
 =============================  =======  ==========================================================
 variable                       default  meaning
 =============================  =======  ==========================================================
-``NVFP4_SPARSE_TOPK``          32       blocks of 128 keys attended per KV head and token (1..64;
-                                        above 16, FlyDSL layers fall back to Triton). 32 from
-                                        ``bench/results/quality_selection_h200.md``: top-16 lost
-                                        13 points against dense at 4K-32K, top-32 1.4
+``NVFP4_SPARSE_TOPK``          16       blocks of 128 keys attended per KV head and token (1..64;
+                                        above 16, FlyDSL layers fall back to Triton)
 ``NVFP4_SPARSE_SINK_BLOCKS``   1        leading blocks every token always attends
 ``NVFP4_SPARSE_LOCAL_BLOCKS``  1        blocks just before the token's own that it always attends
-``NVFP4_SPARSE_INDEXER``       quest    training-free block scoring: ``quest`` (per-dim min/max
-                                        bound; the better recall in ``bench/results/indexer_*``),
-                                        ``mean`` (mean key; a third of the summary memory) or
-                                        ``proxy`` (head-mean query against every cached key,
-                                        max-pooled: the best recall in
-                                        ``bench/results/quality_scoring_recall.md``; its cost
-                                        on the H200: ``bench/results/selection_h200.md``)
-``NVFP4_SPARSE_PROXY_GROUPS``  1        ``proxy`` only: queries per KV head (means of runs of
-                                        consecutive query heads; a block scores the max over them).
-                                        4 found the record's block in 12 of 12 prompts at 32K where 1
-                                        did in 9 (``bench/results/quality_model_h200.md``, CPU);
-                                        GPU cost and answers not measured yet
+``NVFP4_SPARSE_INDEXER``       proxy    training-free block scoring: ``proxy`` (queries against every
+                                        cached key, max-pooled per block: MiniMax-M3's scoring
+                                        without its learned projection), ``quest`` (per-dim min/max
+                                        bound per block) or ``mean`` (mean key per block)
+``NVFP4_SPARSE_PROXY_GROUPS``  all      ``proxy`` only: queries per KV head, each the mean of a run of
+                                        consecutive query heads (a block scores the max over them);
+                                        ``all``: every query head is one
 ``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
                                         (dense attention over the NVFP4 cache), or ``all``
 ``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
                                         ``flydsl`` kernels; validated here, read by the pool's cache writer at start-up and by the
                                         kernel dispatcher when a forward is planned
 =============================  =======  ==========================================================
+
+The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
+model's answers within 3 points of dense ``triton`` at 4K-32K on both task families: at most 1.0 point below
+(``pair`` at 32K) over 200 prompts per length, where the previous default (top-32 ``quest``) lost 25 (``single``) and
+43 (``pair``) points at 32K. They cost 3.4x top-16 ``quest`` in indexer + attention time at 32K (64/4 heads, random
+data): the score is every query head against every key (``bench/results/quality_selection_model_h200.md``).
 
 A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
 all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every layer. Bad values
@@ -57,11 +56,11 @@ _PREFIX = "NVFP4_SPARSE_"
 # A model's own indexer replaces these.
 _SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS")
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
-# Blocks per KV head and token when NVFP4_SPARSE_TOPK is unset. On the trained retrieval model, top-32 quest lost
-# 1.4 points against dense over all 4K-32K prompts (up to 5.5 at 32K) where top-16 lost 13.2, at 1.68x top-16's
-# indexer + kernel time at 32K (bench/results/quality_selection_h200.md, selection_h200.md). format.TOPK stays
-# the kernels' narrowest width (FlyDSL's only one).
-DEFAULT_TOPK = 32
+# The selection when no variable is set (the module docstring says why). format.TOPK is the kernels' narrowest
+# width (FlyDSL's only one); DEFAULT_PROXY_GROUPS None: one query per query head.
+DEFAULT_TOPK = 16
+DEFAULT_INDEXER = "proxy"
+DEFAULT_PROXY_GROUPS: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,8 @@ class SparseConfig:
     topk: int = DEFAULT_TOPK
     sink_blocks: int = 1
     local_blocks: int = 1
-    indexer: str = "quest"
-    proxy_groups: int = 1  # queries per KV head of the proxy indexer
+    indexer: str = DEFAULT_INDEXER
+    proxy_groups: int | None = DEFAULT_PROXY_GROUPS  # queries per KV head of the proxy indexer; None: every head
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
     explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
     model: M3Sparsity | None = None  # a checkpoint's own selection (MiniMax-M3), from for_model()
@@ -98,7 +97,7 @@ class SparseConfig:
         groups that do not divide the query heads per KV head (when ``heads_per_kv`` is known)."""
         if head_dim != fmt.HEAD_DIM:
             raise ValueError(f"nvfp4_sparse: head_dim {head_dim} is not supported, only {fmt.HEAD_DIM}")
-        if self.indexer == "proxy" and heads_per_kv and heads_per_kv % self.proxy_groups:
+        if self.indexer == "proxy" and self.proxy_groups and heads_per_kv and heads_per_kv % self.proxy_groups:
             raise ValueError(f"{_PREFIX}PROXY_GROUPS={self.proxy_groups}: must divide the model's {heads_per_kv} "
                              "query heads per KV head")
         beyond = sorted(x for x in self.dense_layers or () if x >= num_layers)
@@ -147,13 +146,19 @@ def load_config(env=None) -> SparseConfig:
     topk = _int(env, "TOPK", DEFAULT_TOPK, 1, fmt.MAX_TOPK)
     sink = _int(env, "SINK_BLOCKS", 1, 0, topk - 1)
     local = _int(env, "LOCAL_BLOCKS", 1, 0, topk - 1 - sink)
-    indexer = env.get(_PREFIX + "INDEXER") or "quest"
+    indexer = env.get(_PREFIX + "INDEXER") or DEFAULT_INDEXER
     if indexer not in INDEXERS:
         raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXERS}")
-    proxy_groups = _int(env, "PROXY_GROUPS", 1, 1, 64)
-    if proxy_groups > 1 and indexer != "proxy":
-        raise ValueError(f"{_PREFIX}PROXY_GROUPS={proxy_groups}: applies to {_PREFIX}INDEXER=proxy only "
+    raw_groups = (env.get(_PREFIX + "PROXY_GROUPS") or "").strip()
+    if raw_groups and indexer != "proxy":
+        raise ValueError(f"{_PREFIX}PROXY_GROUPS={raw_groups}: applies to {_PREFIX}INDEXER=proxy only "
                          f"(got {indexer!r})")
+    if raw_groups == "all" or not raw_groups:
+        proxy_groups = None if raw_groups == "all" else DEFAULT_PROXY_GROUPS
+    elif not raw_groups.isdigit():
+        raise ValueError(f"{_PREFIX}PROXY_GROUPS={raw_groups!r}: expected 'all' or an integer 1..64")
+    else:
+        proxy_groups = _int(env, "PROXY_GROUPS", 1, 1, 64)
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
