@@ -77,7 +77,7 @@ def test_query_groups_change_the_selection_and_must_divide_the_heads():
 
 
 def test_proxy_indexer_keeps_no_state_and_is_configurable():
-    from sglang_nvfp4.sglang.config import load_config
+    from sglang_nvfp4.sglang.config import DEFAULT_TOPK, load_config
 
     ix = ProxyIndexer(2, 5, 2, "cpu", topk=8, sink_blocks=1, local_blocks=1)
     assert isinstance(ix, BlockIndexer) and ix.state_nbytes() == 0
@@ -86,14 +86,16 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     assert torch.equal(ix.select(0, q, cache, table, req, pos),
                        select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
-    assert config.indexer_kind(0, 2) == (ProxyIndexer, {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": 1})
+    selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None}  # groups: every head, the default
+    assert config.indexer_kind(0, 2) == (ProxyIndexer, selection)
     assert config.indexer_state_bytes(2, 2) == StateBytes()
     grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
     grouped = grouped.build_indexer(2, 5, 2, "cpu")
-    assert grouped.groups == 4 and torch.equal(grouped.select(0, q, cache, table, req, pos),
-                                               select_blocks_proxy(q, cache, table, req, pos, topk=32, groups=4))
+    want = select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=4)
+    assert grouped.groups == 4 and torch.equal(grouped.select(0, q, cache, table, req, pos), want)
+    assert load_config({"NVFP4_SPARSE_PROXY_GROUPS": "2"}).proxy_groups == 2  # proxy is the default indexer
     with pytest.raises(ValueError, match="PROXY_GROUPS=2: applies to NVFP4_SPARSE_INDEXER=proxy only"):
-        load_config({"NVFP4_SPARSE_PROXY_GROUPS": "2"})
+        load_config({"NVFP4_SPARSE_INDEXER": "quest", "NVFP4_SPARSE_PROXY_GROUPS": "2"})
     with pytest.raises(ValueError, match="PROXY_GROUPS=0: expected 1..64"):
         load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "0"})
     with pytest.raises(ValueError, match="PROXY_GROUPS='four': expected 'all' or an integer 1..64"):
@@ -101,8 +103,7 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     every_head = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "all"})
     every_head.check_model(2, fmt.HEAD_DIM, heads_per_kv=12)  # any head count: one query per head
     every_head = every_head.build_indexer(2, 5, 2, "cpu")
-    assert every_head.groups is None and torch.equal(every_head.select(0, q, cache, table, req, pos),
-                                                     select_blocks_proxy(q, cache, table, req, pos, topk=32, groups=4))
+    assert every_head.groups is None and torch.equal(every_head.select(0, q, cache, table, req, pos), want)
     with pytest.raises(ValueError, match="INDEXER='bogus': expected one of \\('mean', 'quest', 'proxy'\\)"):
         load_config({"NVFP4_SPARSE_INDEXER": "bogus"})
 

@@ -108,7 +108,9 @@ def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Te
     groups, D]`` (``groups`` consecutive query rows per selecting head). ``request_keys(r, num_blocks)`` gives fp32
     keys ``[H or 1, num_blocks * 128, D]`` of request ``r``'s first blocks; a token scores a block by the max over
     its keys at positions <= ``pos`` and over the head's query rows of ``q . k``, then the rule of :mod:`.rules`
-    chooses. One request at a time, token chunks bounded by ``_SCORES_PER_CHUNK``."""
+    chooses. One request at a time, token chunks bounded by ``_SCORES_PER_CHUNK``, each scoring the blocks up to
+    its last token's own block. Keys past a token's position lie in its own block, which the rule always selects,
+    so the scores are not masked at the position (as in the Triton kernel): the selections are the same."""
     t, rows, _ = queries.shape
     heads = rows // groups
     own = pos.long() // fmt.PAGE_SIZE
@@ -117,17 +119,15 @@ def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Te
         tokens = (req == r).nonzero()[:, 0]
         num_blocks = int(own[tokens].max()) + 1
         k = request_keys(r, num_blocks)
-        key_pos = torch.arange(num_blocks * fmt.PAGE_SIZE, device=queries.device)
         step = max(1, _SCORES_PER_CHUNK // (rows * k.shape[1]))
         for start in range(0, tokens.numel(), step):
             chunk = tokens[start : start + step]
             n = chunk.numel()
+            blocks = int(own[chunk].max()) + 1  # later blocks are visible to no token of the chunk
             q = queries[chunk].float().transpose(0, 1).reshape(heads, groups * n, -1)  # [H, groups * C, D]
-            logits = torch.matmul(q, k.transpose(1, 2)).view(heads, groups, n, -1)  # [H, groups, C, keys]
-            logits = logits.masked_fill(key_pos[None, None, None, :] > pos[chunk].long()[None, None, :, None],
-                                        -torch.inf)
-            scores = logits.view(heads, groups, n, num_blocks, fmt.PAGE_SIZE).amax(dim=(1, -1))
-            forced = forced_blocks(own[chunk], num_blocks, sink_blocks, local_blocks)
+            logits = torch.matmul(q, k[:, : blocks * fmt.PAGE_SIZE].transpose(1, 2))  # [H, groups * C, keys]
+            scores = logits.view(heads, groups, n, blocks, fmt.PAGE_SIZE).amax(dim=(1, -1))
+            forced = forced_blocks(own[chunk], blocks, sink_blocks, local_blocks)
             out[:, chunk] = rank_blocks(scores, own[chunk], topk, forced)
     return out
 
