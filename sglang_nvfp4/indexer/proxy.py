@@ -15,7 +15,8 @@ chosen by the rule of :mod:`.rules`. On the trained retrieval model the every-he
 It keeps no state: the keys are the cache. The price is scoring every visible key instead of one summary
 per block: the Triton path (:func:`sglang_nvfp4.kernels.triton_indexer.select_proxy_blocks`) decodes each
 visible K page once per program of 128 (token, query) rows, runs ``qbar . k^T`` on the tensor cores (the M3
-scoring kernel, reading the NVFP4 cache) and takes the max over a token's queries in registers. The torch path (CPU, or ``impl="torch"``) works one request at a time.
+scoring kernel, reading the NVFP4 cache) and takes the max over a token's queries in registers. The torch path
+(CPU, or ``impl="torch"``) works one request at a time.
 """
 
 from __future__ import annotations
