@@ -1,6 +1,6 @@
 """What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``,
-``proxy/G`` with G query groups per KV head) and the sparse attention it feeds, per budget (top-16/32/64 blocks),
-prefill and decode (issue 17).
+``proxy/G`` with G query groups per KV head, ``proxy/G/fp8`` with its products in fp8) and the sparse attention it
+feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
 
     python bench/bench_selection.py --out DIR [--prefill-t 32768] [--decode-batch 32 256] [--decode-ctx 32768]
 
@@ -12,7 +12,8 @@ Prefill, one request of T tokens, (H, Hkv) in {(64, 4), (16, 1)}: per setting, `
 selection: for quest the Triton scoring of the page summaries, which the cache write keeps up to date and
 which are built here once, untimed; for proxy the Triton scoring of every visible NVFP4 key) and
 ``attention_ms`` (``kernels.sparse_prefill`` with that selection), ``total_ms``, ``union_mean``, and
-``vs_quest16`` (total over top-16 quest, the default until 2026-12-01). One more row, ``indexer`` ``every_block``
+``vs_quest16`` (total over top-16 quest, the default until 2026-12-01); fp8 rows add ``same_as_fp16``, the
+fraction of (KV head, token) block sets equal to the fp16 proxy's. One more row, ``indexer`` ``every_block``
 (``topk`` null), is what a ``NVFP4_SPARSE_DENSE_LAYERS`` layer costs: every visible block through the same
 kernels (``select_ms``: building that selection, which the backend does once per forward). Peer in the same
 run: dense causal SDPA over bf16 K/V (``dense_sdpa_ms``).
@@ -46,7 +47,8 @@ from sglang_nvfp4.kernels import triton_prefill
 INDEXERS = ("quest", "proxy", "proxy/4")
 BUDGETS = (16, 32, 64)
 # (indexer, top-k) per row; "proxy/G" is the proxy with G query groups per KV head
-# (NVFP4_SPARSE_PROXY_GROUPS); ("every_block", None) is a dense layer's selection.
+# (NVFP4_SPARSE_PROXY_GROUPS), "proxy/G/fp8" with fp8 products (NVFP4_SPARSE_PROXY_PRECISION);
+# ("every_block", None) is a dense layer's selection.
 SETTINGS = (*((indexer, topk) for indexer in INDEXERS for topk in BUDGETS), ("every_block", None))
 PREFILL_HEADS = ((64, 4), (16, 1))
 DECODE_HEADS = (64, 4)
@@ -59,11 +61,18 @@ def selector(indexer: str, topk: int | None, cache, slots):
         kv_heads = cache.shape[1] // 2
         return lambda q, bt, req, pos: all_visible_blocks(pos, bt.shape[1]).expand(kv_heads, -1, -1)
     if indexer.startswith("proxy"):
-        groups = int(indexer.partition("/")[2] or 1)
-        return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk, groups=groups)
+        groups, precision = proxy_setting(indexer)
+        return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk, groups=groups,
+                                                           precision=precision)
     summaries = BlockSummaries(cache.shape[0], cache.shape[1] // 2, device=DEV)
     summaries.update(cache, slots)
     return lambda q, bt, req, pos: select_blocks(q, summaries, bt, req, pos, topk=topk, method=indexer)
+
+
+def proxy_setting(indexer: str) -> tuple[int, str]:
+    """(query groups per KV head, precision) of a ``proxy[/G[/fp8]]`` setting name."""
+    parts = indexer.split("/")
+    return int(parts[1]) if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else "fp16"
 
 
 def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SETTINGS) -> list[dict]:
@@ -84,6 +93,10 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SE
                "select_ms": bench_ms(lambda: select(q, block_table, req, pos)),
                "attention_ms": bench_ms(lambda: kernels.sparse_prefill(*args, out=out)),
                "union_mean": union_len.float().mean().item()}
+        if indexer.endswith("/fp8"):
+            fp16_ids = selector(indexer.removesuffix("/fp8"), topk, cache, slots)(q, block_table, req, pos)
+            row["same_as_fp16"] = (fp16_ids == block_ids).all(-1).float().mean().item()
+            del fp16_ids
         row["total_ms"] = row["select_ms"] + row["attention_ms"]
         rows.append(row)
         log(f"prefill T={t} {heads}/{hkv} {indexer} top{topk}: select {row['select_ms']:.2f} ms, "
@@ -138,9 +151,10 @@ def _quest16_total(rows: list[dict]) -> float | None:
     return next((r["total_ms"] for r in rows if r["indexer"] == "quest" and r["topk"] == fmt.TOPK), None)
 
 
-def proxy_rows_sweep(t: int, gen: torch.Generator, groups: list[int], rows: list[int]) -> list[dict]:
-    """Prefill selection time of the proxy indexer (top-32, 64/4 heads, T tokens) per query-group count and
-    (token, group) rows per score program (``PROXY_PREFILL_ROWS`` is the shipped one)."""
+def proxy_rows_sweep(t: int, gen: torch.Generator, groups: list[int], rows: list[int],
+                     precisions: list[str] = ("fp16",)) -> list[dict]:
+    """Prefill selection time of the proxy indexer (top-32, 64/4 heads, T tokens) per query-group count,
+    (token, group) rows per score program (``PROXY_PREFILL_ROWS`` is the shipped one) and product precision."""
     from sglang_nvfp4.indexer.summary import aggregate_queries
     from sglang_nvfp4.kernels.triton_indexer import select_proxy_blocks
 
@@ -153,11 +167,14 @@ def proxy_rows_sweep(t: int, gen: torch.Generator, groups: list[int], rows: list
     for g in groups:
         queries = aggregate_queries(q, hkv * g, "mean").contiguous()
         for r in rows:
-            def select():
-                return select_proxy_blocks(queries, cache, block_table, req, pos, 32, 1, 1, groups=g, prefill_rows=r)
-            select()  # untimed: compile
-            out.append({"T": t, "H": heads, "Hkv": hkv, "groups": g, "prefill_rows": r, "select_ms": bench_ms(select)})
-            log(f"proxy rows sweep T={t} groups {g} rows {r}: {out[-1]['select_ms']:.2f} ms")
+            for precision in precisions:
+                def select():
+                    return select_proxy_blocks(queries, cache, block_table, req, pos, 32, 1, 1, groups=g,
+                                               prefill_rows=r, fp8=precision == "fp8")
+                select()  # untimed: compile
+                out.append({"T": t, "H": heads, "Hkv": hkv, "groups": g, "prefill_rows": r, "precision": precision,
+                            "select_ms": bench_ms(select)})
+                log(f"proxy rows sweep T={t} groups {g} rows {r} {precision}: {out[-1]['select_ms']:.2f} ms")
     return out
 
 
@@ -172,6 +189,8 @@ def main(argv=None) -> None:
     ap.add_argument("--proxy-groups-sweep", type=int, nargs="*", default=[],
                     help="query-group counts of the proxy rows sweep (64/4 heads, first --prefill-t); none: skipped")
     ap.add_argument("--proxy-rows", type=int, nargs="*", default=[128, 256], help="rows per score program swept")
+    ap.add_argument("--proxy-precisions", nargs="*", default=["fp16"], choices=["fp16", "fp8"],
+                    help="product precisions of the proxy rows sweep")
     args = ap.parse_args(argv)
     settings = [(name, None if k == "None" else int(k)) for name, k in (s.split(":") for s in args.settings)]
     os.makedirs(args.out, exist_ok=True)
@@ -187,7 +206,8 @@ def main(argv=None) -> None:
             json.dump(results, f, indent=1)
 
     if args.proxy_groups_sweep:
-        results["proxy_rows_sweep"] = proxy_rows_sweep(args.prefill_t[0], gen, args.proxy_groups_sweep, args.proxy_rows)
+        results["proxy_rows_sweep"] = proxy_rows_sweep(args.prefill_t[0], gen, args.proxy_groups_sweep, args.proxy_rows,
+                                                     args.proxy_precisions)
         save()
     for t in args.prefill_t:
         for heads, hkv in PREFILL_HEADS:

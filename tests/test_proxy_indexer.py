@@ -12,10 +12,11 @@ from problems import shuffled_block_table
 from triton_interpreter import assert_module_passed, register_module
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import BlockIndexer, ProxyIndexer, StateBytes, select_blocks_proxy
+from sglang_nvfp4.indexer.proxy import round_keys_fp8, round_queries_fp8
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=9, timeout=900)  # the torch tests run there too
+register_module(__file__, expected_passed=13, timeout=900)  # the torch tests run there too
 E4M3_ONE = 0x38  # the E4M3 byte of 1.0
 
 
@@ -35,19 +36,33 @@ def exact_problem(seed, seq_lens, tokens_per_request, hkv=2, group=4, spare_page
     return q, cache, table, req, pos
 
 
-def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1):
+def random_problem(seed, hkv=2, group=4, seq_lens=(2600, 900), tokens=(30, 12)):
+    """As :func:`exact_problem`, with Gaussian queries and K scales spread over E4M3's [2**-6, 2] (non-NaN codes):
+    logits that fp8 rounding moves, and no exact ties."""
+    q, cache, table, req, pos = exact_problem(seed, list(seq_lens), list(tokens), hkv=hkv, group=group)
+    gen = torch.Generator().manual_seed(seed + 100)
+    scales = cache[:, :hkv, :, fmt.SCALE_OFFSET :]
+    scales.copy_(torch.randint(0x18, 0x48, scales.shape, generator=gen, dtype=torch.uint8))
+    q = (torch.randn(q.shape, generator=gen) * 0.3).to(torch.bfloat16)
+    return q, cache, table, req, pos
+
+
+def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1, precision="fp16"):
     """The documented score one (KV head, token) at a time in float64: each of the ``groups`` fp16 means of runs
     of consecutive query heads against every key at or before the token, max per block and over the runs;
-    own/sink/local forced, the rest by (score desc, id asc)."""
+    own/sink/local forced, the rest by (score desc, id asc). ``precision="fp8"``: the means and keys rounded as
+    documented first (the rounding itself is checked against hand-computed values below)."""
     hkv = cache.shape[1] // 2
     out = torch.full((hkv, q.shape[0], topk), -1, dtype=torch.int32)
     for i in range(q.shape[0]):
         p, own = int(pos[i]), int(pos[i]) // fmt.PAGE_SIZE
         pages = table[int(req[i]), : own + 1].long()
         data = cache[pages, :hkv]
-        k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0).double()
+        k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0)
+        k = (round_keys_fp8(k) if precision == "fp8" else k).double()
         for h in range(hkv):
-            qbar = q[i].double().view(hkv, groups, -1, fmt.HEAD_DIM)[h].mean(1).half().double()  # [groups, 128]
+            qbar = q[i].double().view(hkv, groups, -1, fmt.HEAD_DIM)[h].mean(1).half()  # [groups, 128]
+            qbar = (round_queries_fp8(qbar) if precision == "fp8" else qbar).double()
             logits = (k[:, h].reshape(-1, fmt.HEAD_DIM)[: p + 1] @ qbar.T).amax(1)
             score = {b: float(logits[b * fmt.PAGE_SIZE : (b + 1) * fmt.PAGE_SIZE].max()) for b in range(own + 1)}
             forced = {b for b in score if b == own or b < sink_blocks or b >= own - local_blocks}
@@ -76,6 +91,31 @@ def test_query_groups_change_the_selection_and_must_divide_the_heads():
         select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=3)
 
 
+def test_fp8_rounding_of_queries_and_keys_by_hand():
+    # a row whose largest magnitude is 1.5 is scaled by 2**7 (1.5 * 128 = 192 in [128, 256)); E4M3 keeps 4 bits
+    row = torch.tensor([1.5, 0.3, -0.1, 0.07421875, 0.998, 1e-4, 0.0])
+    got = round_queries_fp8(torch.stack([row, torch.zeros(7), row / 1024]))
+    # 38.4 -> 40 (step 4); -12.8 -> -13; 9.5 -> 10 (a tie, to the even mantissa); 127.74 -> 128 (carries into
+    # the next power of two); 0.0128 -> 7 * 2**-9 (subnormal step)
+    want = torch.tensor([1.5, 40 / 128, -13 / 128, 10 / 128, 1.0, 7 / 2**9 / 128, 0.0])
+    assert torch.equal(got[0], want) and torch.equal(got[1], torch.zeros(7))
+    assert torch.equal(got[2], want / 1024)  # the scale follows the row's magnitude: the same bits
+    # keys / 8: 13 -> 1.625 (exact); 2688 -> 336, a tie between 320 and 352, to the even 320; 0.75 exact
+    assert torch.equal(round_keys_fp8(torch.tensor([13.0, 2688.0, -0.75, 3.3])),
+                       torch.tensor([13.0, 2560.0, -0.75, 3.25]))
+
+
+@pytest.mark.parametrize("groups", [1, None])
+def test_fp8_selection_follows_the_documented_rounding(groups):
+    q, cache, table, req, pos = random_problem(0)
+    fp8 = select_blocks_proxy(q, cache, table, req, pos, topk=6, groups=groups, precision="fp8", impl="torch")
+    fp16 = select_blocks_proxy(q, cache, table, req, pos, topk=6, groups=groups, impl="torch")
+    assert not torch.equal(fp8, fp16)  # the rounding is applied, and it moves some selections on this problem
+    assert torch.equal(fp8, brute_force_f64(q, cache, table, req, pos, 6, 1, 1, groups or 4, precision="fp8"))
+    with pytest.raises(ValueError, match="precision='fp4': expected one of \\('fp16', 'fp8'\\)"):
+        select_blocks_proxy(q, cache, table, req, pos, precision="fp4")
+
+
 def test_proxy_indexer_keeps_no_state_and_is_configurable():
     from sglang_nvfp4.sglang.config import DEFAULT_TOPK, load_config
 
@@ -86,7 +126,7 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     assert torch.equal(ix.select(0, q, cache, table, req, pos),
                        select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
-    selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None}  # groups: every head, the default
+    selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None, "precision": "fp8"}  # the defaults
     assert config.indexer_kind(0, 2) == (ProxyIndexer, selection)
     assert config.indexer_state_bytes(2, 2) == StateBytes()
     grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
@@ -100,6 +140,14 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
         load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "0"})
     with pytest.raises(ValueError, match="PROXY_GROUPS='four': expected 'all' or an integer 1..64"):
         load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "four"})
+    fp16 = load_config({"NVFP4_SPARSE_PROXY_PRECISION": "fp16"}).build_indexer(2, 5, 2, "cpu")
+    assert fp16.precision == "fp16" and torch.equal(
+        fp16.select(0, q, cache, table, req, pos),
+        select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=None, precision="fp16"))
+    with pytest.raises(ValueError, match="PROXY_PRECISION=fp8: applies to NVFP4_SPARSE_INDEXER=proxy only"):
+        load_config({"NVFP4_SPARSE_INDEXER": "quest", "NVFP4_SPARSE_PROXY_PRECISION": "fp8"})
+    with pytest.raises(ValueError, match="PROXY_PRECISION='bf16': expected one of \\('fp16', 'fp8'\\)"):
+        load_config({"NVFP4_SPARSE_PROXY_PRECISION": "bf16"})
     every_head = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "all"})
     every_head.check_model(2, fmt.HEAD_DIM, heads_per_kv=12)  # any head count: one query per head
     every_head = every_head.build_indexer(2, 5, 2, "cpu")
@@ -133,10 +181,60 @@ def check_kernel_on_exact_ties(device):
             assert torch.equal(got, want), (seed, topk, groups)
 
 
+def fp8_block_scores_f64(queries, cache, table, req, pos, groups):
+    """float64 ``[Hkv, T, S]`` block scores of the fp8 proxy in the kernels' tile units (value / 64): the documented
+    rounding of ``queries [T, Hkv * groups, 128]`` and of the keys, max over each block's 128 keys (all of them,
+    as the kernel) and over the KV head's groups; NaN past each token's own block (the kernel stores none there)."""
+    hkv, t = cache.shape[1] // 2, queries.shape[0]
+    out = torch.full((hkv, t, table.shape[1]), float("nan"), dtype=torch.float64)
+    rounded = round_queries_fp8(queries.float()).double()
+    for i in range(t):
+        own = int(pos[i]) // fmt.PAGE_SIZE
+        data = cache[table[int(req[i]), : own + 1].long(), :hkv]
+        k = round_keys_fp8(fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0))
+        for h in range(hkv):
+            logits = torch.einsum("gd,bkd->gbk", rounded[i, h * groups : (h + 1) * groups], k[:, h].double())
+            out[h, i, : own + 1] = logits.amax(dim=(0, 2)) / 64
+    return out
+
+
+def check_fp8_kernel(device):
+    """The fp8 score kernel against :func:`fp8_block_scores_f64` on Gaussian queries and spread K scales (the E4M3
+    rounding moves logits there; exact_problem's values are all E4M3 already): prefill tiles of 16 tokens (every
+    head of GQA 16) and 64 (one group of GQA 4), and a decode-like batch. Interpreted, the products are exact and
+    summed in fp32, so the selections also equal the torch path's; Hopper's fp8 tensor cores accumulate with fewer
+    bits (about 14), which moves scores by ~1e-4 of their scale and can swap near-equal blocks, so on a GPU the
+    scores are compared within 1e-3 of their scale."""
+    from sglang_nvfp4.kernels.triton_indexer import PROXY_PREFILL_ROWS, learned_tiling, proxy_block_scores
+
+    for seed, group, groups, decode in [(0, 16, 16, False), (1, 4, 1, False), (2, 16, 16, True)]:
+        q, cache, table, req, pos = random_problem(seed, group=group, seq_lens=(1500, 700), tokens=(20, 9))
+        if decode:
+            q, req, pos = q[:2], torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1499, 699], dtype=torch.int32)
+        queries = q.view(len(q), -1, group // groups, fmt.HEAD_DIM).float().mean(2).half()  # the proxy's means
+        want = fp8_block_scores_f64(queries, cache, table, req, pos, groups)
+        args = [x.to(device) for x in (q, cache, table, req, pos)]
+        tokens, blocks = learned_tiling(len(q), table.shape[0], groups, PROXY_PREFILL_ROWS)
+        got = torch.full(want.shape, float("nan"), device=device)  # poison: only blocks up to the own are written
+        proxy_block_scores(queries.to(device), *args[1:], got, tokens, blocks, groups, fp8=True)
+        got = got.cpu().double()
+        assert torch.equal(got.isnan(), want.isnan()), (seed, groups, decode)
+        scale = want.nan_to_num().abs().max()
+        tol = 1e-6 if device == "cpu" else 1e-3
+        assert (got - want).nan_to_num().abs().max() <= tol * scale, (seed, groups, decode)
+        if device == "cpu":
+            ids = [select_blocks_proxy(*args, topk=6, groups=groups, precision="fp8", impl=impl)
+                   for impl in ("torch", "triton")]
+            assert torch.equal(*ids), (seed, groups, decode)
+
+
 if INTERPRETED:
 
     def test_proxy_kernel_matches_torch_on_exact_ties():
         check_kernel_on_exact_ties("cpu")
+
+    def test_fp8_proxy_kernel_matches_torch():
+        check_fp8_kernel("cpu")
 
 else:
 
@@ -148,3 +246,4 @@ else:
     @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA device")
     def test_compiled_proxy_kernels_match_torch():
         check_kernel_on_exact_ties("cuda")
+        check_fp8_kernel("cuda")

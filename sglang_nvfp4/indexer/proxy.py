@@ -14,9 +14,15 @@ chosen by the rule of :mod:`.rules`. On the trained retrieval model the every-he
 
 It keeps no state: the keys are the cache. The price is scoring every visible key instead of one summary
 per block: the Triton path (:func:`sglang_nvfp4.kernels.triton_indexer.select_proxy_blocks`) decodes each
-visible K page once per program of 128 (token, query) rows, runs ``qbar . k^T`` on the tensor cores (the M3
+visible K page once per program of 256 (token, query) rows, runs ``qbar . k^T`` on the tensor cores (the M3
 scoring kernel, reading the NVFP4 cache) and takes the max over a token's queries in registers. The torch path
 (CPU, or ``impl="torch"``) works one request at a time.
+
+``precision="fp8"`` (``NVFP4_SPARSE_PROXY_PRECISION=fp8``) rounds each query row and each key to E4M3 before the
+products (:func:`round_queries_fp8`, :func:`round_keys_fp8`; the Triton kernel runs them on Hopper's fp8 tensor
+cores, twice the fp16 rate, and the torch path computes the same rounded values in fp32). A query row is scaled by
+the power of two that puts its largest magnitude in ``[128, 256)`` and a key by 1/8 (its ``e2m1 * e4m3`` value is
+at most 2688), so the rounding keeps E4M3's 4 significant bits and scores keep their units.
 """
 
 from __future__ import annotations
@@ -30,13 +36,33 @@ from .protocol import StateBytes
 from .rules import check_index_values, check_selection_settings
 from .summary import aggregate_queries, resolve_impl
 
-__all__ = ["ProxyIndexer", "select_blocks_proxy"]
+__all__ = ["PRECISIONS", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
+
+PRECISIONS = ("fp16", "fp8")  # operands of the proxy's products (the module docstring)
+FP8_KEY_FACTOR = 1 / 8  # keys (e2m1 * e4m3, at most 2688) times this fit E4M3 (at most 448) with room to spare
+
+
+def round_queries_fp8(queries: torch.Tensor) -> torch.Tensor:
+    """fp32 ``queries [..., D]`` rounded to E4M3 per row: ``e4m3(q * 2**j) / 2**j`` (round to nearest even), ``2**j``
+    taking the row's largest magnitude into ``[128, 256)``; zero rows stay zero. The rule of the Triton kernel's
+    ``_fp8_query_rows``."""
+    q = queries.float()
+    _, exponent = torch.frexp(q.abs().amax(-1, keepdim=True))  # largest magnitude in [2**(e-1), 2**e)
+    scale = torch.ldexp(torch.ones_like(q[..., :1]), 8 - exponent)
+    return (q * scale).to(torch.float8_e4m3fn).float() / scale
+
+
+def round_keys_fp8(keys: torch.Tensor) -> torch.Tensor:
+    """fp32 keys (``e2m1 * e4m3`` values) rounded to E4M3 after the factor 1/8, back in their units."""
+    return (keys.float() * FP8_KEY_FACTOR).to(torch.float8_e4m3fn).float() / FP8_KEY_FACTOR
+
 
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
-                        groups: int | None = 1, impl: str = "auto") -> torch.Tensor:
+                        groups: int | None = 1, precision: str = "fp16", impl: str = "auto") -> torch.Tensor:
     """Top-``topk`` blocks per KV head and token, int32 ``[Hkv, T, topk]`` (ascending ids, then ``-1``), scored
-    as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one).
+    as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one) and the
+    products' ``precision`` (``"fp16"`` or ``"fp8"``).
     ``q [T, H, 128]``, ``cache`` the layer's NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as
     in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
     hkv = fmt.check_cache(cache)
@@ -47,6 +73,8 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
     groups = group if groups is None else groups
     if groups < 1 or group % groups:
         raise ValueError(f"groups={groups}: must divide the {group} query heads per KV head")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
     if q.device != cache.device:
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
@@ -58,30 +86,36 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
         from ..kernels.triton_indexer import select_proxy_blocks
 
         return select_proxy_blocks(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks,
-                                   groups=groups)
-    return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups)
+                                   groups=groups, fp8=precision == "fp8")
+    return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision)
 
 
-def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups):
+def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision):
     hkv = queries.shape[1] // groups
     check_index_values(block_table, req, pos, cache.shape[0])
+    fp8 = precision == "fp8"
 
     def request_keys(r: int, num_blocks: int) -> torch.Tensor:  # dequantized K per KV head: [Hkv, B * 128, 128]
         data = cache[block_table[r, :num_blocks].long(), :hkv]  # K rows: [B, Hkv, 128 keys, 72]
         k = fmt.dequantize_nvfp4(data[..., : fmt.SCALE_OFFSET], data[..., fmt.SCALE_OFFSET :], 1.0)
-        return k.transpose(0, 1).reshape(hkv, num_blocks * fmt.PAGE_SIZE, fmt.HEAD_DIM).float()
+        k = k.transpose(0, 1).reshape(hkv, num_blocks * fmt.PAGE_SIZE, fmt.HEAD_DIM).float()
+        return round_keys_fp8(k) if fp8 else k
 
+    queries = round_queries_fp8(queries) if fp8 else queries
     return select_by_max_pooled_keys(queries, request_keys, req, pos, topk, sink_blocks, local_blocks, groups)
 
 
 class ProxyIndexer:
     """:class:`~.protocol.BlockIndexer` scoring with :func:`select_blocks_proxy` (``groups`` queries per KV head,
-    ``None``: every query head): no state of its own."""
+    ``None``: every query head; products in ``precision``): no state of its own."""
 
     def __init__(self, num_layers: int, num_pages: int, num_kv_heads: int, device=None, *, topk: int = fmt.TOPK,
-                 sink_blocks: int = 1, local_blocks: int = 1, groups: int | None = 1):
+                 sink_blocks: int = 1, local_blocks: int = 1, groups: int | None = 1, precision: str = "fp16"):
         check_selection_settings(topk, sink_blocks, local_blocks)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
+        self.precision = precision
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:
@@ -101,4 +135,4 @@ class ProxyIndexer:
 
     def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs) -> torch.Tensor:
         return select_blocks_proxy(q, cache, block_table, req, pos, topk=self.topk, sink_blocks=self.sink_blocks,
-                                   local_blocks=self.local_blocks, groups=self.groups)
+                                   local_blocks=self.local_blocks, groups=self.groups, precision=self.precision)

@@ -139,10 +139,24 @@ def e4m3_decode(codes, DTYPE: tl.constexpr):
 def load_k_tile(cache_ptr, k_block, USE_PTX: tl.constexpr):
     """K of one page and KV head -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE. ``cache_ptr``: the
     uint8 cache; ``k_block``: the block's offset in 4-byte words (int64)."""
+    words, scale_codes = load_k_codes(cache_ptr, k_block)
+    return decode_k_tile(words, scale_codes, USE_PTX)
+
+
+@triton.jit
+def load_k_codes(cache_ptr, k_block):
+    """The bytes of :func:`load_k_tile`, undecoded: code words uint32 ``[128 keys, 16]`` and E4M3 scale codes
+    uint8 ``[128 keys, 8 groups]`` (a caller that loads one page ahead keeps these in registers)."""
     key = tl.arange(0, PAGE)[:, None]
     words = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + k_block + key * ROW_WORDS + tl.arange(0, CODE_WORDS)[None, :])
-    scale_bytes = cache_ptr + 4 * k_block + key * ROW + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :]
-    scales = e4m3_decode(tl.load(scale_bytes), tl.float16)  # [keys, groups]
+    scale_codes = tl.load(cache_ptr + 4 * k_block + key * ROW + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :])
+    return words, scale_codes
+
+
+@triton.jit
+def decode_k_tile(words, scale_codes, USE_PTX: tl.constexpr):
+    """:func:`load_k_codes`'s bytes -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE."""
+    scales = e4m3_decode(scale_codes, tl.float16)  # [keys, groups]
     vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (PAGE, NUM_GROUPS, SCALE_GROUP))
     return tl.reshape(vals * scales[:, :, None], (PAGE, HEAD_DIM))
 

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
-from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE, TILE_SCALE, load_k_tile, uses_ptx
+from .triton_common import (BLOCK_WORDS, HEAD_DIM, INTERPRETED, PAGE, TILE_SCALE, decode_k_tile, load_k_codes,
+                            load_k_tile, uses_ptx)
 
 _EMPTY_ID = tl.constexpr(1 << 30)  # ids >= this mark empty slots of the running top-k (slot j holds _EMPTY_ID + j)
 _PAD_ID = tl.constexpr((1 << 31) - 1)  # slots past topk when the slot count is padded to a power of two
@@ -245,7 +246,16 @@ LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection prog
 # 4 warps: 4.9 ms against 5.8 (64 tokens, 64 blocks, 8 warps); the proxy indexer's selection is the same kernel
 # on the same [heads, T, S] scores and takes it too.
 LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 256, 2
-PROXY_PREFILL_ROWS = 128  # (token, group) rows of a proxy score program: each decodes its key tiles from NVFP4
+# The proxy's score programs (each decodes its key tiles from NVFP4): prefill tiles of 256 (token, query group) rows
+# on 4 warps, from a sweep on the H200 (bench/results/selection_h200_proxy_launch.json, 2026-12-03; 32K tokens, 64/4
+# heads, every head, top-16 selection): 17.45 ms against 20.58 (128 rows, 8 warps, the launch before) and 20.61
+# (256 rows, 8 warps); Triton's pipeline stages (1, 2, 3) moved it by under 1%. fp8 programs also load the next
+# page's code words while the current page decodes (``PREFETCH``): 12.40 ms against 13.22 without (fp16: 19.59,
+# slower than without). Not in decode programs (one token, 4 blocks each, memory-bound): there the page loaded past
+# the last one cost 1950 against 1417 us at batch 256 (bench_selection.py, same file).
+PROXY_PREFILL_ROWS, PROXY_WARPS = 256, 4
+# fp8 proxy scores: decoded key tiles (value / TILE_SCALE, at most 42) times 8 go to E4M3 (at most 336 of its 448)
+FP8_KEY_SCALE = tl.constexpr(8.0)
 SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 32
 
 
@@ -254,7 +264,8 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                            num_tokens, num_cols, stride_br, stride_bs,
                            HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
                            ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
-                           FROM_CACHE: tl.constexpr, MAX_OVER_HEADS: tl.constexpr, USE_PTX: tl.constexpr):
+                           FROM_CACHE: tl.constexpr, MAX_OVER_HEADS: tl.constexpr, FP8: tl.constexpr,
+                           USE_PTX: tl.constexpr, PREFETCH: tl.constexpr):
     """Program (token tile, group of BLOCKS blocks, KV head): per block ``S = q . k^T`` on the tensor cores,
     the max over the block's 128 keys written to ``scores [heads, T, num_cols]`` (visible blocks only). A row's
     own block is scored over all its keys, those past the row's position too: the rule forces that block, so
@@ -269,7 +280,13 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
 
     Row (token ``t``, head ``h``) of KV head ``kv`` reads query ``t * HKV * HEADS + kv * HEADS + h`` and writes
     score row ``kv * HEADS + h``; with ``MAX_OVER_HEADS`` the max over a token's ``HEADS`` rows goes to score row
-    ``kv`` instead (``scores [HKV, T, num_cols]``: the proxy's query groups merged in registers)."""
+    ``kv`` instead (``scores [HKV, T, num_cols]``: the proxy's query groups merged in registers).
+
+    ``FP8`` (the proxy's ``precision="fp8"``, :mod:`sglang_nvfp4.indexer.proxy`): each query row and each decoded
+    key tile is rounded to E4M3 (:func:`_fp8_query_rows`, ``FP8_KEY_SCALE``) and the products run on the fp8
+    tensor cores (twice the fp16 rate); each block's max is scaled back, so scores keep the fp16 path's units.
+    ``PREFETCH`` (``FROM_CACHE`` only): the next block's code words load while this block's decode and products
+    run (:func:`.triton_common.load_k_codes`, then :func:`.triton_common.decode_k_tile`)."""
     tile = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     kv_head = tl.program_id(2)
@@ -287,6 +304,8 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
         col = tl.arange(0, BLOCKS)
         q = tl.load(idx_q_ptr + ((tok.to(tl.int64) * HKV + kv_head) * HEADS + head)[:, None] * D + dims[None, :],
                     mask=in_range[:, None], other=0.0)
+        if FP8:
+            q, row_unscale = _fp8_query_rows(q)
         one_request = _one_request(req, in_range)  # one pass; else one pass per token
         passes = tl.where(one_request, 1, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
         for p in range(0, passes):
@@ -294,16 +313,30 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
             r = tl.max(tl.where(active, req, -1), axis=0).to(tl.int64)
             num_blocks = tl.max(tl.where(active, own, -1), axis=0) + 1
             score = tl.full((ROWS, BLOCKS), -float("inf"), tl.float32)
-            for b in range(first, tl.minimum(first + BLOCKS, num_blocks)):
-                page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
-                if FROM_CACHE:
+            end = tl.minimum(first + BLOCKS, num_blocks)
+            if PREFETCH:
+                page = tl.load(block_table_ptr + r * stride_br + first * stride_bs, mask=first < end, other=0)
+                words, scale_codes = load_k_codes(keys_ptr, (page.to(tl.int64) * (2 * HKV) + kv_head) * BLOCK_WORDS)
+            for b in range(first, end):
+                if PREFETCH:
+                    cur_words, cur_scales = words, scale_codes
+                    page = tl.load(block_table_ptr + r * stride_br + (b + 1) * stride_bs, mask=b + 1 < end, other=0)
+                    words, scale_codes = load_k_codes(keys_ptr, (page.to(tl.int64) * (2 * HKV) + kv_head) * BLOCK_WORDS)
+                    k = decode_k_tile(cur_words, cur_scales, USE_PTX)
+                elif FROM_CACHE:
+                    page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
                     k = load_k_tile(keys_ptr, (page * (2 * HKV) + kv_head) * BLOCK_WORDS, USE_PTX)  # [128, 128]
                 else:
+                    page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
                     k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
+                if FP8:
+                    k = _to_e4m3(k * FP8_KEY_SCALE)  # tile values are at most 42: no saturation
                 # No causal mask: keys past a row's position lie in the row's own block, which the rule always
                 # selects (forced), so its score never counts, and later blocks are not stored.
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
+            if FP8:  # max(c * s) = c * max(s) for c > 0: one product per block and row
+                score = score * row_unscale[:, None]
             block = first + col
             if MAX_OVER_HEADS:
                 _store_max_over_heads(score, active, own, tok, block, scores_ptr + kv_head.to(tl.int64) * num_tokens
@@ -312,6 +345,34 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                 out_head = (kv_head * HEADS + head).to(tl.int64)
                 out = scores_ptr + (out_head * num_tokens + tok)[:, None] * num_cols + block[None, :]
                 tl.store(out, score, mask=active[:, None] & (block[None, :] <= own[:, None]))
+
+
+@triton.jit
+def _fp8_query_rows(q):
+    """fp16 queries ``[ROWS, D]`` -> E4M3 ``q * 2**j`` per row (round to nearest even) and fp32 ``[ROWS]`` factors
+    that map a row's products with ``FP8_KEY_SCALE``-scaled key tiles back to fp16 tile units. ``2**j`` takes the
+    row's largest magnitude into ``[128, 256)``, inside E4M3's 448 (from the fp32 exponent bits, exactly as
+    :func:`sglang_nvfp4.indexer.proxy.round_queries_fp8`); a zero row keeps factor 1."""
+    q = q.to(tl.float32)
+    biased = (tl.max(tl.abs(q), axis=1).to(tl.int32, bitcast=True) >> 23) & 0xFF  # largest magnitude's exponent
+    scale = tl.where(biased == 0, 1.0, ((261 - biased) << 23).to(tl.float32, bitcast=True))  # 2**(134 - biased)
+    unscale = tl.where(biased == 0, 1.0, ((biased - 7) << 23).to(tl.float32, bitcast=True))  # 1 / scale
+    return _to_e4m3(q * scale[:, None]), unscale / FP8_KEY_SCALE
+
+
+@triton.jit
+def _to_e4m3(x):
+    """fp16 or fp32 -> E4M3, round to nearest even (``x`` within +-448). Compiled: the hardware conversion. Triton's
+    interpreter (3.8) rounds wrongly where the rounding carries into the next power of two (127.6 -> 64) and
+    breaks ties away from zero, so there ``x`` is first rounded to E4M3's grid in fp32 (adding and subtracting
+    ``1.5 * 2**23`` times the grid step, which is 2**-9 below 2**-6 and else 2**-3 of ``x``'s power of two); that
+    value it converts exactly."""
+    if INTERPRETED:
+        x = x.to(tl.float32)
+        biased = tl.maximum((x.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)  # 121: E4M3's smallest normal
+        magic = (((biased + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2**(23 + step exponent)
+        x = tl.where(x < 0, -((-x + magic) - magic), (x + magic) - magic)
+    return x.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -392,16 +453,16 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
         idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False,
-        MAX_OVER_HEADS=False, USE_PTX=False,
+        MAX_OVER_HEADS=False, FP8=False, USE_PTX=False, PREFETCH=False,
         num_warps=num_warps or (4 if rows <= 64 else 8), **({"num_stages": num_stages} if num_stages else {}),
     )
 
 
 def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int,
-                       groups: int = 1) -> None:
+                       groups: int = 1, fp8: bool = False) -> None:
     """Block scores of the proxy indexer: aggregated queries ``[n, Hkv * groups, 128]`` fp16 (``groups`` per KV
     head) against the K of the NVFP4 ``cache``, max-pooled per block and over the KV head's groups, into
-    ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only)."""
+    ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only); ``fp8``: products of E4M3-rounded queries and keys."""
     n, rows_per_token, d = queries.shape
     hkv = cache.shape[1] // 2
     if rows_per_token != hkv * groups:
@@ -415,7 +476,8 @@ def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: in
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=groups, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
-        MAX_OVER_HEADS=True, USE_PTX=uses_ptx(cache.device), num_warps=4 if rows <= 64 else 8,
+        MAX_OVER_HEADS=True, FP8=fp8, USE_PTX=uses_ptx(cache.device), PREFETCH=fp8 and tokens > 1,
+        num_warps=PROXY_WARPS,
     )
 
 
@@ -483,13 +545,14 @@ def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: 
 
 def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *, groups: int = 1,
-                        prefill_rows: int = PROXY_PREFILL_ROWS, score_bytes: int = LEARNED_SCORE_BYTES,
+                        fp8: bool = False, prefill_rows: int = PROXY_PREFILL_ROWS,
+                        score_bytes: int = LEARNED_SCORE_BYTES,
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
     ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv * groups, 128]`` (``groups``
     per KV head); ``cache`` the NVFP4 cache. As :func:`select_learned_blocks`, with one KV head per score program
     (prefill tiles of ``prefill_rows`` (token, group) rows); a block's score is the max over the KV head's
-    groups, taken in the score kernel."""
+    groups, taken in the score kernel; ``fp8``: the products on E4M3-rounded queries and keys."""
     t = queries.shape[0]
     hkv = cache.shape[1] // 2
     queries = queries.contiguous()
@@ -497,7 +560,8 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
     tokens, blocks = learned_tiling(t, block_table.shape[0], groups, prefill_rows)
 
     def score_chunk(part, scores):
-        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks, groups)
+        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks, groups,
+                           fp8)
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
                              score_bytes, decode_blocks_per_step)

@@ -1,32 +1,37 @@
 """Backend configuration from environment variables (prefix ``NVFP4_SPARSE_``), resolved once per process
 (:func:`startup_config`) and handed to the pool sizing and the backend.
 
-=============================  =======  ==========================================================
-variable                       default  meaning
-=============================  =======  ==========================================================
-``NVFP4_SPARSE_TOPK``          16       blocks of 128 keys attended per KV head and token (1..64;
-                                        above 16, FlyDSL layers fall back to Triton)
-``NVFP4_SPARSE_SINK_BLOCKS``   1        leading blocks every token always attends
-``NVFP4_SPARSE_LOCAL_BLOCKS``  1        blocks just before the token's own that it always attends
-``NVFP4_SPARSE_INDEXER``       proxy    training-free block scoring: ``proxy`` (queries against every
-                                        cached key, max-pooled per block: MiniMax-M3's scoring
-                                        without its learned projection), ``quest`` (per-dim min/max
-                                        bound per block) or ``mean`` (mean key per block)
-``NVFP4_SPARSE_PROXY_GROUPS``  all      ``proxy`` only: queries per KV head, each the mean of a run of
-                                        consecutive query heads (a block scores the max over them);
-                                        ``all``: every query head is one
-``NVFP4_SPARSE_DENSE_LAYERS``  (none)   comma-separated layer ids that attend every visible block
-                                        (dense attention over the NVFP4 cache), or ``all``
-``NVFP4_SPARSE_KERNEL``        (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
-                                        ``flydsl`` kernels; validated here, read by the pool's cache writer at start-up and by the
-                                        kernel dispatcher when a forward is planned
-=============================  =======  ==========================================================
+================================  =======  ==========================================================
+variable                          default  meaning
+================================  =======  ==========================================================
+``NVFP4_SPARSE_TOPK``             16       blocks of 128 keys attended per KV head and token (1..64;
+                                           above 16, FlyDSL layers fall back to Triton)
+``NVFP4_SPARSE_SINK_BLOCKS``      1        leading blocks every token always attends
+``NVFP4_SPARSE_LOCAL_BLOCKS``     1        blocks just before the token's own that it always attends
+``NVFP4_SPARSE_INDEXER``          proxy    training-free block scoring: ``proxy`` (queries against every
+                                           cached key, max-pooled per block: MiniMax-M3's scoring
+                                           without its learned projection), ``quest`` (per-dim min/max
+                                           bound per block) or ``mean`` (mean key per block)
+``NVFP4_SPARSE_PROXY_GROUPS``     all      ``proxy`` only: queries per KV head, each the mean of a run of
+                                           consecutive query heads (a block scores the max over them);
+                                           ``all``: every query head is one
+``NVFP4_SPARSE_PROXY_PRECISION``  fp8      ``proxy`` only: operands of its score products, ``fp8`` or
+                                           ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
+``NVFP4_SPARSE_DENSE_LAYERS``     (none)   comma-separated layer ids that attend every visible block
+                                           (dense attention over the NVFP4 cache), or ``all``
+``NVFP4_SPARSE_KERNEL``           (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
+                                           ``flydsl`` kernels; validated here, read by the pool's cache
+                                           writer at start-up and by the kernel dispatcher when a forward
+                                           is planned
+================================  =======  ==========================================================
 
 The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
 model's answers within 3 points of dense ``triton`` at 4K-32K on both task families: at most 1.0 point below
 (``pair`` at 32K) over 200 prompts per length, where the previous default (top-32 ``quest``) lost 25 (``single``) and
-43 (``pair``) points at 32K. They cost 3.4x top-16 ``quest`` in indexer + attention time at 32K (64/4 heads, random
-data): the score is every query head against every key (``bench/results/quality_selection_model_h200.md``).
+43 (``pair``) points at 32K. Its fp8 scores gave the same correctness as fp16 on those 800 prompts. They cost 2.7x
+top-16 ``quest`` in prefill indexer + attention time at 32K (64/4 heads, random data; about dense SDPA's time) and
+4.5x in decode at batch 256: the score is every query head against every key
+(``bench/results/quality_selection_model_h200.md``).
 
 A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
 all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every layer. Bad values
@@ -50,17 +55,19 @@ from dataclasses import dataclass
 from .. import format as fmt
 from .. import kernels
 from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIndexer
+from ..indexer.proxy import PRECISIONS
 from .minimax_m3 import M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
 # A model's own indexer replaces these.
-_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS")
+_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS", "PROXY_PRECISION")
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
 # The selection when no variable is set (the module docstring says why). format.TOPK is the kernels' narrowest
 # width (FlyDSL's only one); DEFAULT_PROXY_GROUPS None: one query per query head.
 DEFAULT_TOPK = 16
 DEFAULT_INDEXER = "proxy"
 DEFAULT_PROXY_GROUPS: int | None = None
+DEFAULT_PROXY_PRECISION = "fp8"
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class SparseConfig:
     local_blocks: int = 1
     indexer: str = DEFAULT_INDEXER
     proxy_groups: int | None = DEFAULT_PROXY_GROUPS  # queries per KV head of the proxy indexer; None: every head
+    proxy_precision: str = DEFAULT_PROXY_PRECISION  # operands of the proxy's score products (PRECISIONS)
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
     explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
     model: M3Sparsity | None = None  # a checkpoint's own selection (MiniMax-M3), from for_model()
@@ -112,7 +120,7 @@ class SparseConfig:
             return self.model.indexer_kind(start_layer, num_layers, self.dense_layers)
         selection = {"topk": self.topk, "sink_blocks": self.sink_blocks, "local_blocks": self.local_blocks}
         if self.indexer == "proxy":
-            return ProxyIndexer, {**selection, "groups": self.proxy_groups}
+            return ProxyIndexer, {**selection, "groups": self.proxy_groups, "precision": self.proxy_precision}
         return SummaryIndexer, {"method": self.indexer, **selection}
 
     def indexer_state_bytes(self, num_layers: int, num_kv_heads: int, start_layer: int = 0) -> StateBytes:
@@ -159,6 +167,12 @@ def load_config(env=None) -> SparseConfig:
         raise ValueError(f"{_PREFIX}PROXY_GROUPS={raw_groups!r}: expected 'all' or an integer 1..64")
     else:
         proxy_groups = _int(env, "PROXY_GROUPS", 1, 1, 64)
+    precision = (env.get(_PREFIX + "PROXY_PRECISION") or "").strip()
+    if precision and indexer != "proxy":
+        raise ValueError(f"{_PREFIX}PROXY_PRECISION={precision}: applies to {_PREFIX}INDEXER=proxy only "
+                         f"(got {indexer!r})")
+    if precision and precision not in PRECISIONS:
+        raise ValueError(f"{_PREFIX}PROXY_PRECISION={precision!r}: expected one of {PRECISIONS}")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
@@ -171,7 +185,8 @@ def load_config(env=None) -> SparseConfig:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: layer ids must be >= 0")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
-    return SparseConfig(topk, sink, local, indexer, proxy_groups, dense, explicit)
+    return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, dense,
+                        explicit)
 
 
 @functools.cache
