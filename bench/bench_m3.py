@@ -82,9 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # Launch variants of the learned indexer's two prefill stages timed by --score-sweep, the first of each the default:
 # scores (tokens per program, blocks per program, warps, pipeline stages; None = Triton's default) and top-k
 # (tokens per program, blocks per merge step, warps).
-SCORE_VARIANTS = ((64, 16, 8, 2), (64, 16, 8, None), (64, 8, 8, 2), (64, 32, 8, 2), (32, 16, 8, 2), (32, 16, 4, None),
-                  (16, 16, 4, None))
-TOPK_VARIANTS = ((32, 32, 4), (64, 32, 8), (16, 32, 4), (32, 16, 4))
+SCORE_VARIANTS = ((32, 16, 8, 2), (64, 16, 8, 2), (64, 16, 4, 2), (32, 16, 8, None), (32, 32, 8, 2), (16, 16, 8, 2),
+                  (32, 16, 4, None))
+TOPK_VARIANTS = ((32, 16, 4), (32, 32, 4), (16, 16, 4), (32, 8, 4))
 
 
 def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list, list]:

@@ -239,13 +239,14 @@ def select_top_blocks(queries: torch.Tensor, keys: torch.Tensor, block_table: to
 # ---- the learned indexer (MiniMax-M3): index-key scores per block, then the same top-k ----------------
 LEARNED_SCORE_BYTES = 1 << 28  # fp32 block scores held at once; longer prefills are scored in token chunks
 LEARNED_DECODE_STEP = 256  # blocks per merge step of a one-token selection program (decode: few programs)
-# Prefill launches of the learned indexer, from the sweep of bench/bench_m3.py --score-sweep on the H200
-# (bench/results/m3_h200.md, 2026-12-03, 14:05 UTC; 128K tokens, 4 index heads, per layer): scores in programs of
-# 256 (token, head) rows, 2 pipeline stages: 22.8 ms against 28.0 (128 rows, Triton's 3 stages): each key tile
-# loaded serves twice the rows. Selection over stored scores in programs of 32 tokens, 32 blocks per merge step,
-# 4 warps: 4.9 ms against 5.8 (64 tokens, 64 blocks, 8 warps); the proxy indexer's selection is the same kernel
-# on the same [heads, T, S] scores and takes it too.
-LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 256, 2
+# Prefill launches of the learned indexer, from the sweeps of bench/bench_m3.py --score-sweep on the H200
+# (bench/results/m3_h200.md; 2026-12-03 16:01 and 2026-12-04 17:14 UTC, the same order in both; per layer, 4 index
+# heads): scores in programs of 128 (token, head) rows (32 tokens), 16 blocks, 8 warps, 2 pipeline stages: 16.17 ms
+# at 128K against 16.89 with 256 rows (1.00 against 1.12 at 32K; 4 warps: 25.4). Selection over stored scores in
+# programs of 32 tokens, 16 blocks per merge step, 4 warps: 1.92 ms at 128K against 2.28 with 32-block steps (0.20
+# against 0.24 at 32K); the proxy indexer's selection is the same kernel on the same [heads, T, S] scores and takes
+# it too.
+LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 128, 2
 # The proxy's score programs (each decodes its key tiles from NVFP4): prefill tiles of 256 (token, query group) rows
 # on 4 warps, from a sweep on the H200 (bench/results/selection_h200_proxy_launch.json, 2026-12-03; 32K tokens, 64/4
 # heads, every head, top-16 selection): 17.45 ms against 20.58 (128 rows, 8 warps, the launch before) and 20.61
@@ -256,7 +257,7 @@ LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 256, 2
 PROXY_PREFILL_ROWS, PROXY_WARPS = 256, 4
 # fp8 proxy scores: decoded key tiles (value / TILE_SCALE, at most 42) times 8 go to E4M3 (at most 336 of its 448)
 FP8_KEY_SCALE = tl.constexpr(8.0)
-SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 32
+SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 16
 
 
 @triton.jit
@@ -415,7 +416,7 @@ def _select_scored_kernel(scores_ptr, pos_ptr, block_ids_ptr, num_tokens, num_co
 def learned_tiling(num_tokens: int, num_rows: int, heads: int, prefill_rows: int = 128) -> tuple[int, int]:
     """(tokens per program, blocks per score program): decode-like batches (``T <= R``, about one token per
     request) take one token per program and 4 blocks per program (more programs per token); prefill
-    tiles take ``prefill_rows`` rows of (token, head) and 16 blocks: the learned indexer 256 rows, 64 tokens of
+    tiles take ``prefill_rows`` rows of (token, head) and 16 blocks: the learned indexer 128 rows, 32 tokens of
     4 index heads (``LEARNED_PREFILL_ROWS``); the proxy indexer ``PROXY_PREFILL_ROWS`` rows of (token, query
     group) (its programs serve one KV head each, and decode each key tile from NVFP4)."""
     if num_tokens <= num_rows:
