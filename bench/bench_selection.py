@@ -42,6 +42,7 @@ from timing import bench_ms, graph_ms
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4 import kernels
 from sglang_nvfp4.indexer import BlockSummaries, all_visible_blocks, select_blocks, select_blocks_proxy
+from sglang_nvfp4.indexer.proxy import PRECISIONS
 from sglang_nvfp4.kernels import triton_prefill
 
 INDEXERS = ("quest", "proxy", "proxy/4")
@@ -152,7 +153,7 @@ def _quest16_total(rows: list[dict]) -> float | None:
 
 
 def proxy_rows_sweep(t: int, gen: torch.Generator, groups: list[int], rows: list[int],
-                     precisions: list[str] = ("fp16",)) -> list[dict]:
+                     precisions: tuple[str, ...] = ("fp16",)) -> list[dict]:
     """Prefill selection time of the proxy indexer (top-32, 64/4 heads, T tokens) per query-group count,
     (token, group) rows per score program (``PROXY_PREFILL_ROWS`` is the shipped one) and product precision."""
     from sglang_nvfp4.indexer.summary import aggregate_queries
@@ -189,7 +190,7 @@ def main(argv=None) -> None:
     ap.add_argument("--proxy-groups-sweep", type=int, nargs="*", default=[],
                     help="query-group counts of the proxy rows sweep (64/4 heads, first --prefill-t); none: skipped")
     ap.add_argument("--proxy-rows", type=int, nargs="*", default=[128, 256], help="rows per score program swept")
-    ap.add_argument("--proxy-precisions", nargs="*", default=["fp16"], choices=["fp16", "fp8"],
+    ap.add_argument("--proxy-precisions", nargs="*", default=["fp16"], choices=PRECISIONS,
                     help="product precisions of the proxy rows sweep")
     args = ap.parse_args(argv)
     settings = [(name, None if k == "None" else int(k)) for name, k in (s.split(":") for s in args.settings)]
