@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
+from ..indexer.proxy import FP8_KEY_FACTOR
 from .triton_common import (BLOCK_WORDS, HEAD_DIM, INTERPRETED, PAGE, TILE_SCALE, decode_k_tile, load_k_codes,
                             load_k_tile, uses_ptx)
 
@@ -255,8 +256,9 @@ LEARNED_PREFILL_ROWS, LEARNED_PREFILL_STAGES = 128, 2
 # slower than without). Not in decode programs (one token, 4 blocks each, memory-bound): there the page loaded past
 # the last one cost 1950 against 1417 us at batch 256 (bench_selection.py, same file).
 PROXY_PREFILL_ROWS, PROXY_WARPS = 256, 4
-# fp8 proxy scores: decoded key tiles (value / TILE_SCALE, at most 42) times 8 go to E4M3 (at most 336 of its 448)
-FP8_KEY_SCALE = tl.constexpr(8.0)
+# fp8 proxy scores: decoded key tiles (value / TILE_SCALE, at most 42) times this are the keys times the proxy's
+# FP8_KEY_FACTOR (at most 336 of E4M3's 448), the rounding of indexer.proxy.round_keys_fp8
+FP8_KEY_SCALE = tl.constexpr(TILE_SCALE.value * FP8_KEY_FACTOR)
 SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 16
 
 
