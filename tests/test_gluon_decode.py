@@ -20,7 +20,7 @@ from triton.experimental.gluon import language as gl
 
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.kernels import gluon_decode, triton_decode
-from sglang_nvfp4.kernels.gluon_common import decode_words
+from sglang_nvfp4.kernels.gluon_common import decode_words, k_scale_operand
 
 ON_HOPPER = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (sm_90) GPU")
@@ -86,8 +86,8 @@ def _decoded_tile_kernel(words_ptr, out_ptr):
     row = gl.arange(0, 128, layout=gl.SliceLayout(1, gluon_decode.WORDS_LAYOUT))[:, None]
     word = gl.arange(0, 16, layout=gl.SliceLayout(0, gluon_decode.WORDS_LAYOUT))[None, :]
     words = gl.load(words_ptr + row * 16 + word)
-    scales = (gl.reshape(words >> 24, gluon_decode.TILE_6D),)
-    tile = gluon_decode._as_operand(decode_words(gl.reshape(words, gluon_decode.TILE_6D), scales), operand)
+    scale = k_scale_operand(gl.reshape(words >> 24, gluon_decode.TILE_6D))
+    tile = gluon_decode._as_operand(decode_words(gl.reshape(words, gluon_decode.TILE_6D), (scale, scale, scale, scale)), operand)
     rows = gl.arange(0, 128, layout=gl.SliceLayout(1, operand))[:, None]
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, operand))[None, :]
     gl.store(out_ptr + rows * 128 + cols, tile)

@@ -55,9 +55,9 @@ def test_compiles_for_hopper(group, width, by_pointer):
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx
     assert ptx.count("cvt.rn.f16x2.e4m3x2") >= 8  # the inline PTX decoders of K and V^T
     # The producer's page reads, written twice (the first page before the loop, the next one inside it): per page
-    # 8 + 8 eight-byte loads of K and V^T code words (16 words per thread), 16 of V^T scale-word pairs, and 8 K
-    # scale bytes, one per group of the thread's words.
-    assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 16)
+    # 8 + 8 eight-byte loads of K and V^T code words (16 words per thread), 4 of V^T scale-word pairs (one per token
+    # octet, shared by the thread's 4 dims of a scale group), and 8 K scale bytes, one per group of the thread's words.
+    assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 4)
     assert ptx.count("ld.global.b8") == 2 * 8
     # The scale operands reach the words' threads without shuffles (a layout mismatch adds 64 per copy); the
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the

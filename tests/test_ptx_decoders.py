@@ -1,7 +1,7 @@
 """The inline-PTX page decoders, run on the CPU by a small emulator of the PTX instructions they use.
 
 The Hopper kernels decode pages with hand-written PTX (``triton_common._E2M1_WORD_PTX``; the Gluon kernels'
-``gluon_common._K_WORD_PTX`` and ``_V_WORD_PTX``), which only a GPU executes. These tests execute the same
+``gluon_common._WORD_PTX``, ``_K_SCALE_PTX`` and ``_VT_SCALES_PTX``), which only a GPU executes. These tests execute the same
 instruction text, with each instruction's PTX ISA semantics written out below, on every E2M1 code at every
 position of a word and on random words and scale bytes, and compare with :mod:`sglang_nvfp4.format`'s decoders:
 a wrong shift, mask, byte selector or output order fails here, on any host.
@@ -129,21 +129,27 @@ def test_code_decoder_gives_e2m1_times_tile_scale_in_code_order():
 
 @pytest.mark.parametrize("kind", ["k", "v"])
 def test_gluon_word_decoders_apply_each_codes_scale(kind):
-    """The Gluon decoders (``gluon_common``): K words share the scale in the low byte of ``$9``; V^T word code
-    ``i`` takes byte ``i`` of ``$9`` (``$10`` for ``i >= 4``). Outputs are ``e2m1 * e4m3 / TILE_SCALE``, exact,
-    for random scale bytes over E4M3's whole non-NaN range (subnormals and 448 included)."""
+    """The Gluon decoders (``gluon_common``): a K scale byte (``_K_SCALE_PTX``) becomes one operand for all code
+    pairs of its words; a V^T octet's scale words (``_VT_SCALES_PTX``) become 4 operands, pair ``p`` taking bytes
+    ``2p``, ``2p + 1``. The word decoder (``_WORD_PTX``) multiplies code pair ``p`` by operand ``p``. Outputs are
+    ``e2m1 * e4m3 / TILE_SCALE``, exact, for random scale bytes over E4M3's whole non-NaN range (subnormals and
+    448 included)."""
     gluon_common = pytest.importorskip("sglang_nvfp4.kernels.gluon_common")
     gen = torch.Generator().manual_seed(1)
     for word in _words():
         scale_bytes = torch.randint(0, 0x7F, (8,), generator=gen, dtype=torch.int64).tolist()  # 0x7F: NaN
         if kind == "k":
-            program, inputs = gluon_common._K_WORD_PTX.value, {"$8": word, "$9": scale_bytes[0]}
+            # The other bytes of the scale's word are garbage the operand must ignore.
+            operand = run_ptx(gluon_common._K_SCALE_PTX.value, {"$1": scale_bytes[0] | 0xA5C3E700})["$0"]
+            operands = [operand] * 4
             scales = [scale_bytes[0]] * 8
         else:
             lo = sum(b << (8 * i) for i, b in enumerate(scale_bytes[:4]))
             hi = sum(b << (8 * i) for i, b in enumerate(scale_bytes[4:]))
-            program, inputs, scales = gluon_common._V_WORD_PTX.value, {"$8": word, "$9": lo, "$10": hi}, scale_bytes
-        got = _outputs(run_ptx(program, inputs))
+            regs = run_ptx(gluon_common._VT_SCALES_PTX.value, {"$4": lo, "$5": hi})
+            operands, scales = [regs[f"${p}"] for p in range(4)], scale_bytes
+        inputs = {"$8": word, **{f"${9 + p}": operands[p] for p in range(4)}}
+        got = _outputs(run_ptx(gluon_common._WORD_PTX.value, inputs))
         scale_values = fmt.e4m3_decode(torch.tensor(scales, dtype=torch.uint8)).double()
         want = (fmt.e2m1_decode(_codes(word)).double() * scale_values).numpy() / triton_common.TILE_SCALE.value
         np.testing.assert_array_equal(got, want, err_msg=f"{hex(word)} {scales}")

@@ -4,7 +4,8 @@ decoders, in inline PTX, from packed E2M1 code words and their E4M3 scales to fp
 A value comes out as ``e2m1 * e4m3 / TILE_SCALE`` (exact in fp16; see :mod:`.triton_common`, whose
 E2M1 -> E4M3 rewrite ``E2M1_WORD_TO_F16X2_PTX`` both use): the codes of one little-endian 32-bit word, 8 values,
 are converted two at a time (``cvt.rn.f16x2.e4m3x2``) and multiplied by their scales on packed halves
-(``mul.rn.f16x2``). The callers choose the thread layout of the words, and so where each decoded value lands:
+(``mul.rn.f16x2``); the scales are converted to fp16x2 operands apart from the words, once for all the words they
+scale. The callers choose the thread layout of the words, and so where each decoded value lands:
 the prefill stages tiles in shared memory in code order, the decode puts them straight into wgmma's register
 operand layout.
 """
@@ -19,40 +20,56 @@ from .triton_common import E2M1_WORD_TO_F16X2_PTX
 
 SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's 8 scale bytes, as 2 little-endian words from this word on
 
-# One code word ($8) and its scale operands ($9; V^T also $10) in, 8 fp16 values out in code order ($0..$7).
-_CODES_TO_E4M3 = """
-.reg .b32 e, o, t, a, b, p0, p1, p2, p3, s0, s1, s2, s3;
-.reg .b16 h0, h1;""" + E2M1_WORD_TO_F16X2_PTX
-_SCALED_OUT = """
-mul.rn.f16x2 p0, p0, s0; mul.rn.f16x2 p1, p1, s1; mul.rn.f16x2 p2, p2, s2; mul.rn.f16x2 p3, p3, s3;
+# One code word ($8) and the scale operands of its four code pairs ($9..$12, fp16x2) in, 8 fp16 values out in code
+# order ($0..$7). The scales come in already converted: a scale serves several words (K: the 2 words of a group;
+# V^T: one token octet in the 16 dims of a group), and converting them inside each word's decoder took 80 of the
+# 200 conversions per page and thread of the prefill's producer.
+_WORD_PTX = gl.constexpr("""{
+.reg .b32 e, o, t, a, b, p0, p1, p2, p3;
+.reg .b16 h0, h1;""" + E2M1_WORD_TO_F16X2_PTX + """
+mul.rn.f16x2 p0, p0, $9; mul.rn.f16x2 p1, p1, $10; mul.rn.f16x2 p2, p2, $11; mul.rn.f16x2 p3, p3, $12;
 mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
-"""
-# K: the 8 codes of a word (8 dims of one key) share one scale, the low byte of $9, broadcast to both halves.
-_K_WORD_PTX = gl.constexpr("{" + _CODES_TO_E4M3 + """
-prmt.b32 a, $9, 0, 0x0000;
-mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 s0, h0; mov.b32 s1, s0; mov.b32 s2, s0; mov.b32 s3, s0;
-""" + _SCALED_OUT + "}")
-# V^T: code i of a word is token i of an octet (8 tokens of one dim), with its own scale: bytes 0..3 of $9, of $10.
-_V_WORD_PTX = gl.constexpr("{" + _CODES_TO_E4M3 + """
-mov.b32 {h0, h1}, $9; cvt.rn.f16x2.e4m3x2 s0, h0; cvt.rn.f16x2.e4m3x2 s1, h1;
-mov.b32 {h0, h1}, $10; cvt.rn.f16x2.e4m3x2 s2, h0; cvt.rn.f16x2.e4m3x2 s3, h1;
-""" + _SCALED_OUT + "}")
+}""")
+# K: the scale byte (the low byte of $1) in both halves of one fp16x2 operand ($0).
+_K_SCALE_PTX = gl.constexpr("""{
+.reg .b32 a;
+.reg .b16 h0, h1;
+prmt.b32 a, $1, 0, 0x0000; mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 $0, h0;
+}""")
+# V^T: the 8 token scales of an octet (bytes of $4, then of $5) as the operands of its 4 code pairs ($0..$3).
+_VT_SCALES_PTX = gl.constexpr("""{
+.reg .b16 h0, h1;
+mov.b32 {h0, h1}, $4; cvt.rn.f16x2.e4m3x2 $0, h0; cvt.rn.f16x2.e4m3x2 $1, h1;
+mov.b32 {h0, h1}, $5; cvt.rn.f16x2.e4m3x2 $2, h0; cvt.rn.f16x2.e4m3x2 $3, h1;
+}""")
+
+
+@gluon.jit
+def k_scale_operand(scale_bytes):
+    """K scales (uint32 tensor, the E4M3 byte in the low byte, any shape and layout) -> the fp16x2 operand
+    (uint32 tensor like it) that :func:`decode_words` takes for every code pair of the words of that group."""
+    return gl.inline_asm_elementwise(_K_SCALE_PTX, "=r,r", [scale_bytes], dtype=gl.uint32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def vt_scale_operands(lo, hi):
+    """V^T scales of token octets (two uint32 tensors: the E4M3 scales of tokens 0..3 and 4..7, byte ``i`` for
+    token ``i``) -> the 4 fp16x2 operands (tokens 0-1, 2-3, 4-5, 6-7) that :func:`decode_words` takes for the
+    words of that octet."""
+    return gl.inline_asm_elementwise(_VT_SCALES_PTX, "=r,=r,=r,=r,r,r", [lo, hi], dtype=(gl.uint32,) * 4,
+                                     is_pure=True, pack=1)
 
 
 @gluon.jit
 def decode_words(words, scales):
-    """uint32 code words (any shape ``S``, any layout) and their scale operands (a tuple of uint32 tensors like
-    ``words``: K, the scale byte of each word in the low byte; V^T, the 8 token scales of each word as two
-    words) -> fp16 ``S + [2, 2, 2]``: code ``4a + 2b + c`` of each word at ``[a, b, c]``, in registers of the
-    thread that holds the word."""
-    if len(scales) == 1:
-        c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
-            _K_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scales[0]],
-            dtype=(gl.float16,) * 8, is_pure=True, pack=1)
-    else:
-        c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
-            _V_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, scales[0], scales[1]],
-            dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    """uint32 code words (any shape ``S``, any layout) and the 4 fp16x2 scale operands of their code pairs (a tuple
+    of uint32 tensors that broadcast to ``words``: :func:`k_scale_operand` four times, or
+    :func:`vt_scale_operands`) -> fp16 ``S + [2, 2, 2]``: code ``4a + 2b + c`` of each word at ``[a, b, c]``, in
+    registers of the thread that holds the word. Operands broadcast along axes of ``words`` are converted once
+    and shared by the words."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = gl.inline_asm_elementwise(
+        _WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [words, scales[0], scales[1], scales[2], scales[3]],
+        dtype=(gl.float16,) * 8, is_pure=True, pack=1)
     return gl.join(gl.join(gl.join(c0, c4), gl.join(c2, c6)), gl.join(gl.join(c1, c5), gl.join(c3, c7)))
 
 

@@ -42,7 +42,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from . import triton_decode
-from .gluon_common import SCALE_WORD, decode_words, live_token_masks
+from .gluon_common import SCALE_WORD, decode_words, k_scale_operand, live_token_masks, vt_scale_operands
 from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
@@ -234,8 +234,8 @@ def _sparse_decode_kernel(
         block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
         k_words, k_scales, v_words, v_lo, v_hi = _load_page(
             cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
-        k_tile = _as_operand(decode_words(k_words, (gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift,)),
-                             operand)
+        k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
+        k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
         s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
         # Key 128 * block_j <= pos is visible to every head: no max stays -inf.
         visible = (block_j * PAGE + s_key) <= pos
@@ -244,8 +244,10 @@ def _sparse_decode_kernel(
         p_smem.store(gl.permute(p_t.to(gl.float16), (1, 0)))
         fence_async_shared()
         lo_mask, hi_mask = live_token_masks(v_octet, pos - block_j * PAGE + 1)
-        v_scales = (gl.expand_dims(gl.expand_dims(v_lo & lo_mask, 0), 2),
-                    gl.expand_dims(gl.expand_dims(v_hi & hi_mask, 0), 2))
+        # Converted once per octet, then shared by the thread's rows of it.
+        s0, s1, s2, s3 = vt_scale_operands(v_lo & lo_mask, v_hi & hi_mask)
+        v_scales = (gl.expand_dims(gl.expand_dims(s0, 0), 2), gl.expand_dims(gl.expand_dims(s1, 0), 2),
+                    gl.expand_dims(gl.expand_dims(s2, 0), 2), gl.expand_dims(gl.expand_dims(s3, 0), 2))
         vt_tile = _as_operand(decode_words(v_words, v_scales), operand)
         acc_t = warpgroup_mma(vt_tile, p_smem.permute((1, 0)), acc_t * alpha[None, :])  # [128 dims, ROWS]
 

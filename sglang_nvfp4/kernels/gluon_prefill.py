@@ -11,7 +11,8 @@ partitions of one warpgroup each:
 * **producer** (worker, few registers): for each entry of the tile's union (built by
   :func:`.triton_prefill.plan_tiles`: pages in ``(block, page)`` order with a member bitmask) it reads
   the page's K and V^T bytes (issued one half-page ahead of their use, so that they land while the previous
-  half decodes), decodes them to fp16 (``e2m1 * e4m3`` in inline PTX, scales applied on packed halves) into a
+  half decodes), decodes them to fp16 (``e2m1 * e4m3`` in inline PTX, scales applied on packed halves, each
+  scale converted once for all the words of the thread it scales) into a
   ring of ``STAGES`` shared-memory slots (16-byte stores free of bank conflicts), and signals ``k_ready`` /
   ``v_ready``;
 * **two consumers** (the default partition and one worker): each owns ``TOKENS`` tokens (64 rows of
@@ -45,7 +46,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from . import triton_prefill
-from .gluon_common import SCALE_WORD, decode_words, live_token_masks
+from .gluon_common import SCALE_WORD, decode_words, k_scale_operand, live_token_masks, vt_scale_operands
 from .triton_common import (  # layout constants (Gluon constexprs too), the decoder, softmax and scale helpers
     BLOCK_WORDS,
     CODE_WORDS,
@@ -53,7 +54,6 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
     LOG2E,
     PAGE,
     ROW_WORDS,
-    SCALE_GROUP,
     SCALE_OFFSET,
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
@@ -83,61 +83,94 @@ def tokens_per_consumer(group: int) -> int:
     return ROWS.value // triton.next_power_of_2(group)
 
 
-# The producer's view of a page's code words, ``[128 rows, 16 words]``: each thread holds 2 adjacent words (one
-# 8-byte load, and for K one scale group) of 8 rows x 4 threads per warp, twice along the row. Decoded, a word is
-# one 16-byte store into the ring's 128-byte swizzled rows; in each quarter warp, row r's 4 threads store to
-# chunk positions of one parity and row r + 1's (swizzled by XOR 1) to the other, so the 8 stores hit 8 distinct
-# bank groups. (4 adjacent words per thread put two of a row's threads on one position: 2-way conflicts.)
-WORDS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0]))
-# K's scale bytes ``[128 rows, 8 groups]``: each thread holds the group of each of its word pairs.
-GROUPS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
-# V^T's scale words ``[128 dims, 16 octets, 2]``: a word's two scale words as one 8-byte load, in the thread
-# that holds the word (split along the last axis, this is ``WORDS_LAYOUT``).
-SCALE_PAIRS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 2, 2], [8, 4, 1], [4, 1, 1], [2, 1, 0]))
+# The producer's views of a page's code words. Decoded, a word is one 16-byte store into the ring's 128-byte
+# swizzled rows (chunk position XOR row % 8). Both views give each thread 2 adjacent words of a row (one 8-byte load)
+# and put the 4 word pairs of a row on lanes 0-3 and the next row (of the other parity) on lanes 4-7, so in each
+# quarter warp row r's stores take chunk positions of one parity and row r ^ 1's the other: 8 distinct bank groups.
+# (4 adjacent words per thread put two of a row's threads on one position: 2-way conflicts.)
+#
+# K, ``[128 rows, 8 scale groups, 2 words]``: a thread's 2 words are one scale group of one key (one scale byte),
+# in 8 rows x 4 threads per warp, 4 times along the rows and twice along the groups.
+K_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 2], [8, 4, 1], [4, 1, 1], [2, 1, 0]))
+# V^T, ``[8 scale groups, 2, 4, 2, 16 token octets]`` for dim ``16 g + 8 i + 2 k + j``: a thread's 4 register rows
+# (``k``) are 4 dims of one scale group, which share each token's scale, so a thread loads and converts the 8 scales
+# of each of its 4 octets once for 4 dims (16 conversions per page instead of 64). Lanes: octet pairs (bits 0-1),
+# ``j`` (bit 2), ``i`` (bit 3), ``g`` (bit 4, then the warps).
+VT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 4, 1, 2], [2, 2, 1, 2, 4], [4, 1, 1, 1, 1], [4, 3, 1, 0, 2]))
+# The V^T view with a last axis of 2: a token octet's two scale words, one 8-byte load per thread and octet.
+VT_PAIRS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 4, 1, 2, 2], [2, 2, 1, 2, 4, 1], [4, 1, 1, 1, 1, 1],
+                                                [5, 4, 3, 1, 0, 2]))
+# Per-octet scales ``[8 groups, 16 octets]``, broadcast over the dims of a group (``i``, ``k``, ``j``).
+VT_OCTETS = gl.constexpr(gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, VT_LAYOUT))))
+VT_OCTET_PAIRS = gl.constexpr(gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, VT_PAIRS_LAYOUT))))
 
 
 @gluon.jit
-def _decode_tile(words, scales):
-    """uint32 code words ``[R, 16]`` and their scale operands (:func:`.gluon_common.decode_words`) -> fp16
-    ``[R, 128]`` in code order, each value ``e2m1 * e4m3 / TILE_SCALE``."""
-    return gl.reshape(decode_words(words, scales), (words.shape[0], 8 * words.shape[1]))
+def _flat_tile(decoded):
+    """Decoded words (:func:`.gluon_common.decode_words` of a K or V^T view) -> fp16 ``[128, 128]`` in code order:
+    both views flatten row-major to ``[128 rows, 16 words]``."""
+    return gl.reshape(decoded, (PAGE, 8 * CODE_WORDS))
 
 
 @gluon.jit
 def _load_k(cache_ptr, k_block):
-    """K of one page and KV head, in ``WORDS_LAYOUT``: code words ``[128, 16]`` and, per word, its scale byte
-    (as uint32). Each scale byte is loaded once, for the two words of its group that one thread holds."""
-    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, WORDS_LAYOUT))[:, None]
-    word = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, WORDS_LAYOUT))[None, :]
-    codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + row * ROW_WORDS + word)
+    """K of one page and KV head, in ``K_LAYOUT``: code words ``[128, 8, 2]`` and the scale byte of each
+    ``[128, 8]`` (uint8, ``SliceLayout(2, K_LAYOUT)``)."""
+    groups: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
+    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, groups))[:, None]
+    group = gl.arange(0, CODE_WORDS // 2, layout=gl.SliceLayout(0, groups))[None, :]
+    word = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, K_LAYOUT)))[None, None, :]
+    codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + (row * ROW_WORDS + 2 * group)[:, :, None]
+                    + word)
     # Words 2g and 2g + 1 hold dims 16g..16g+15: scale group g, byte SCALE_OFFSET + g of the row.
-    group_row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, GROUPS_LAYOUT))[:, None]
-    group = gl.arange(0, CODE_WORDS // 2, layout=gl.SliceLayout(0, GROUPS_LAYOUT))[None, :]
-    scales = gl.load(cache_ptr + 4 * k_block + group_row * (4 * ROW_WORDS) + SCALE_OFFSET + group).to(gl.uint32)
-    scales = gl.convert_layout(gl.reshape(gl.join(scales, scales), (PAGE, CODE_WORDS)), WORDS_LAYOUT)
-    return codes, (scales,)
+    scales = gl.load(cache_ptr + 4 * k_block + row * (4 * ROW_WORDS) + SCALE_OFFSET + group)
+    return codes, scales
 
 
 @gluon.jit
-def _load_vt(cache_ptr, v_block, live_keys):
-    """V^T of one page and KV head, in ``WORDS_LAYOUT``: code words ``[128 dims, 16 token octets]`` and, per
-    word, its 8 token scales as two words (one 8-byte load), with the scales of tokens at or past ``live_keys``
-    zeroed."""
-    dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, WORDS_LAYOUT))[:, None]
-    octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, WORDS_LAYOUT))
+def _decode_k(codes, scales):
+    """:func:`_load_k`'s page -> fp16 ``[128 keys, 128 dims]``, each scale converted once for its 2 words."""
+    scale = gl.expand_dims(k_scale_operand(scales.to(gl.uint32)), 2)
+    return _flat_tile(decode_words(codes, (scale, scale, scale, scale)))
+
+
+@gluon.jit
+def _load_vt(cache_ptr, v_block):
+    """V^T of one page and KV head: code words in ``VT_LAYOUT`` and each token octet's 8 scales as two words
+    ``[8 groups, 16 octets]`` (``VT_OCTETS``)."""
     words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32)) + v_block
-    codes = gl.load(words_ptr + dim * ROW_WORDS + octet[None, :])
+    l4: gl.constexpr = gl.SliceLayout(4, VT_LAYOUT)
+    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))[:, None, None, None]
+    i = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, l4))))[None, :, None, None]
+    k = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))[None, None, :, None]
+    j = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))[None, None, None, :]
+    octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(
+        3, VT_LAYOUT)))))[None, None, None, None, :]
+    dim = 16 * g + 8 * i + 2 * k + j
+    codes = gl.load(words_ptr + (dim * ROW_WORDS)[:, :, :, :, None] + octet)
     # The scales of tokens 8w..8w+7 in group g sit in bytes 64..71 of row V_SCALE_ROWS_PER_GROUP * g + w.
-    pair_rows: gl.constexpr = gl.SliceLayout(2, SCALE_PAIRS_LAYOUT)
-    pair_dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, pair_rows))[:, None, None]
-    pair_octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, pair_rows))[None, :, None]
-    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SCALE_PAIRS_LAYOUT)))[None, None, :]
-    scale_row = (pair_dim // SCALE_GROUP) * V_SCALE_ROWS_PER_GROUP + pair_octet
+    pair_g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, VT_OCTET_PAIRS)))[:, None, None]
+    pair_octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, gl.SliceLayout(2, VT_OCTET_PAIRS)))[None, :, None]
+    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, VT_OCTET_PAIRS)))[None, None, :]
+    scale_row = pair_g * V_SCALE_ROWS_PER_GROUP + pair_octet
     lo, hi = gl.split(gl.load(words_ptr + scale_row * ROW_WORDS + SCALE_WORD + half))
-    lo_mask, hi_mask = live_token_masks(octet, live_keys)
-    lo = gl.convert_layout(lo, WORDS_LAYOUT) & lo_mask[None, :]
-    hi = gl.convert_layout(hi, WORDS_LAYOUT) & hi_mask[None, :]
-    return codes, (lo, hi)
+    return codes, gl.convert_layout(lo, VT_OCTETS), gl.convert_layout(hi, VT_OCTETS)
+
+
+@gluon.jit
+def _decode_vt(codes, lo, hi, live_keys):
+    """:func:`_load_vt`'s page -> fp16 ``[128 dims, 128 tokens]``, each octet's scales converted once for the
+    thread's 4 dims of a group; the scales of tokens at or past ``live_keys`` are zeroed first (a page behind
+    every reader, the common case, skips the masks)."""
+    if live_keys < PAGE:
+        octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, VT_OCTETS))[None, :]
+        lo_mask, hi_mask = live_token_masks(octet, live_keys)
+        lo = lo & lo_mask
+        hi = hi & hi_mask
+    s0, s1, s2, s3 = vt_scale_operands(lo, hi)
+    scales = (s0[:, None, None, None, :], s1[:, None, None, None, :], s2[:, None, None, None, :],
+              s3[:, None, None, None, :])
+    return _flat_tile(decode_words(codes, scales))
 
 
 @gluon.jit
@@ -184,23 +217,22 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
 
     page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, 0, union_len)
     k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset)
-    live_keys = _live_keys(members, block, tile_token, tile_pos)
-    v_codes, v_scales = _load_vt(cache_ptr, page * page_words + v_offset, live_keys)
+    v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset)
     for u in range(union_len):
         stage = u % STAGES
         phase = (u // STAGES) & 1
+        live_keys = _live_keys(members, block, tile_token, tile_pos)
         mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
-        k_bufs.index(stage).store(_decode_tile(k_codes, k_scales))
+        k_bufs.index(stage).store(_decode_k(k_codes, k_scales))
         fence_async_shared()  # order the generic-proxy stores before the consumers' wgmma reads
         mbarrier.arrive(k_ready.index(stage), count=1)
         # Past the last entry these read page 0 (in bounds) and decode nothing.
         page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u + 1, union_len)
         k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset)
-        v_bufs.index(stage).store(_decode_tile(v_codes, v_scales))
+        v_bufs.index(stage).store(_decode_vt(v_codes, v_lo, v_hi, live_keys))
         fence_async_shared()
         mbarrier.arrive(v_ready.index(stage), count=1)
-        live_keys = _live_keys(members, block, tile_token, tile_pos)
-        v_codes, v_scales = _load_vt(cache_ptr, page * page_words + v_offset, live_keys)
+        v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset)
 
 
 @gluon.jit
