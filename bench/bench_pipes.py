@@ -24,7 +24,8 @@ import triton.language as tl
 CHAINS = {
     "cvt.rn.f16x2.e4m3x2": "{.reg .b16 h0, h1; .reg .b32 r; mov.b32 r, $1;"
                            + "mov.b32 {h0, h1}, r; cvt.rn.f16x2.e4m3x2 r, h0;" * 16 + "mov.b32 $0, r;}",
-    "lop3.b32": "{.reg .b32 r; mov.b32 r, $1;" + "lop3.b32 r, r, 0x1C1C1C1C, 0x80808080, 0xF8;" * 16 + "mov.b32 $0, r;}",
+    "lop3.b32": "{.reg .b32 r; mov.b32 r, $1;" + "lop3.b32 r, r, 0x1C1C1C1C, 0x80808080, 0xF8;" * 16
+                + "mov.b32 $0, r;}",
     "prmt.b32": "{.reg .b32 r; mov.b32 r, $1;" + "prmt.b32 r, r, 0x12345678, 0x5140;" * 16 + "mov.b32 $0, r;}",
     "mul.rn.f16x2": "{.reg .b32 r, c; mov.b32 c, 0x3C013C01; mov.b32 r, $1;" + "mul.rn.f16x2 r, r, c;" * 16
                     + "mov.b32 $0, r;}",

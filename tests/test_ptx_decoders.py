@@ -1,8 +1,8 @@
 """The inline-PTX page decoders, run on the CPU by a small emulator of the PTX instructions they use.
 
 The Hopper kernels decode pages with hand-written PTX (``triton_common._E2M1_WORD_PTX``; the Gluon kernels'
-``gluon_common._WORD_PTX``, ``_K_SCALE_PTX`` and ``_VT_SCALES_PTX``), which only a GPU executes. These tests execute the same
-instruction text, with each instruction's PTX ISA semantics written out below, on every E2M1 code at every
+``gluon_common._WORD_PTX``, ``_K_SCALE_PTX`` and ``_VT_SCALES_PTX``), which only a GPU executes. These tests execute
+the same instruction text, with each instruction's PTX ISA semantics written out below, on every E2M1 code at every
 position of a word and on random words and scale bytes, and compare with :mod:`sglang_nvfp4.format`'s decoders:
 a wrong shift, mask, byte selector or output order fails here, on any host.
 """

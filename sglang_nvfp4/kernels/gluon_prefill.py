@@ -52,8 +52,10 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
     CODE_WORDS,
     HEAD_DIM,
     LOG2E,
+    NUM_GROUPS,
     PAGE,
     ROW_WORDS,
+    SCALE_GROUP,
     SCALE_OFFSET,
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
@@ -118,7 +120,7 @@ def _load_k(cache_ptr, k_block):
     ``[128, 8]`` (uint8, ``SliceLayout(2, K_LAYOUT)``)."""
     groups: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
     row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, groups))[:, None]
-    group = gl.arange(0, CODE_WORDS // 2, layout=gl.SliceLayout(0, groups))[None, :]
+    group = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(0, groups))[None, :]
     word = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, K_LAYOUT)))[None, None, :]
     codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + (row * ROW_WORDS + 2 * group)[:, :, None]
                     + word)
@@ -140,16 +142,17 @@ def _load_vt(cache_ptr, v_block):
     ``[8 groups, 16 octets]`` (``VT_OCTETS``)."""
     words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32)) + v_block
     l4: gl.constexpr = gl.SliceLayout(4, VT_LAYOUT)
-    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))[:, None, None, None]
+    g = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+    g = g[:, None, None, None]
     i = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, l4))))[None, :, None, None]
     k = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))[None, None, :, None]
     j = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))[None, None, None, :]
     octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(
         3, VT_LAYOUT)))))[None, None, None, None, :]
-    dim = 16 * g + 8 * i + 2 * k + j
+    dim = SCALE_GROUP * g + 8 * i + 2 * k + j
     codes = gl.load(words_ptr + (dim * ROW_WORDS)[:, :, :, :, None] + octet)
     # The scales of tokens 8w..8w+7 in group g sit in bytes 64..71 of row V_SCALE_ROWS_PER_GROUP * g + w.
-    pair_g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, VT_OCTET_PAIRS)))[:, None, None]
+    pair_g = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, VT_OCTET_PAIRS)))[:, None, None]
     pair_octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, gl.SliceLayout(2, VT_OCTET_PAIRS)))[None, :, None]
     half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, VT_OCTET_PAIRS)))[None, None, :]
     scale_row = pair_g * V_SCALE_ROWS_PER_GROUP + pair_octet
