@@ -35,8 +35,8 @@ FlashInfer compiles its kernels on first use: ``flashinfer.first_call_s`` record
 Decode splits (first, on a cold Triton cache): every fixed split count {1, 2, 4, 8, 16} at batch
 {1, 8, 32, 64, 256} and 32K context (``decode_splits``; ``split_first_call_s``: the first launch of each
 split count, compile included), the data behind ``triton_decode.DECODE_SPLITS``, at ``--split-topk`` ids per
-token; on Hopper the Gluon decode's times per split count too (``gluon_us``), the data behind
-``gluon_decode.DECODE_SPLITS``.
+token; on Hopper the Gluon decode's times per split count too (``gluon_us``, the counts its merge tree accepts),
+the data behind ``gluon_decode.decode_splits`` (its choice per batch: the ``splits`` of each decode row).
 """
 
 from __future__ import annotations
@@ -452,7 +452,7 @@ def decode_case(batch, ctx, gen, copy_gbps, sweep, fi=None, topk=fmt.TOPK):
     if row["implementation"] == "gluon":
         from sglang_nvfp4.kernels import gluon_decode
 
-        row["splits"] = gluon_decode.DECODE_SPLITS
+        row["splits"] = gluon_decode.decode_splits(batch, hkv, block_ids.shape[2], q.device)
     else:
         row["splits"] = triton_decode.DECODE_SPLITS
     row["ms"] = graph_ms(lambda: kernels.sparse_decode(*args, out=out))
@@ -494,6 +494,9 @@ def run_split_sweep(results, out, topk=fmt.TOPK):
         for key, launch in launches.items():
             row[key] = {}
             for splits in SPLIT_SWEEP:
+                fewest, most = gluon_decode.split_range(topk) if key == "gluon_us" else (1, splits)
+                if not fewest <= splits <= most:
+                    continue  # a count the Gluon decode's merge tree does not take
                 t0 = time.perf_counter()
                 launch(*args, out_t, splits=splits)
                 torch.cuda.synchronize()

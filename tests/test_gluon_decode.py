@@ -34,8 +34,8 @@ def _signature(q_dtype: str, by_pointer: bool) -> dict:
     sig.update({"k_scale": ptr_scale, "v_scale": ptr_scale, "sm_scale": "fp32"})
     sig.update({name: "i32" for name in ("K", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_ih",
                                          "stride_it", "stride_ik", "stride_br", "stride_bs")})
-    sig.update({name: "constexpr" for name in ("HKV", "GROUP", "ROWS", "K_POW2", "SPLITS", "K_SCALE_BY_POINTER",
-                                               "V_SCALE_BY_POINTER")})
+    sig.update({name: "constexpr" for name in ("HKV", "GROUP", "ROWS", "K_POW2", "SPLITS", "CHUNKS_PER_SPLIT",
+                                               "STACK_LEVELS", "K_SCALE_BY_POINTER", "V_SCALE_BY_POINTER")})
     return sig
 
 
@@ -57,8 +57,7 @@ def _stack_bytes(cubin: bytes) -> int:
 
 
 @pytest.mark.parametrize("group, width, splits, by_pointer", [
-    (16, 32, gluon_decode.DECODE_SPLITS, True), (16, 16, gluon_decode.DECODE_SPLITS, False), (16, 64, 1, False),
-    (8, 16, 1, False), (32, 64, 2, True),
+    (16, 32, 8, True), (16, 16, 1, False), (16, 16, 8, False), (16, 64, 2, False), (16, 32, 1, False), (8, 16, 1, False), (32, 64, 2, True),
 ])
 def test_compiles_for_hopper(group, width, splits, by_pointer):
     """What ``launch`` compiles, with its register cap."""
@@ -66,16 +65,21 @@ def test_compiles_for_hopper(group, width, splits, by_pointer):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     rows = max(16, triton.next_power_of_2(group))
+    chunks_per_split = gluon_decode.num_chunks(width) // splits
+    stack_levels = chunks_per_split.bit_length()
     constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": gluon_decode.selection_slots(width), "SPLITS": splits,
+                  "CHUNKS_PER_SPLIT": chunks_per_split, "STACK_LEVELS": stack_levels,
                   "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
     src = GluonASTSource(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": gluon_decode.NUM_WARPS.value,
-                                       "maxnreg": gluon_decode.max_registers(rows, splits)})
+                                       "maxnreg": gluon_decode.max_registers(rows, width)})
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
     assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
-    assert compiled.metadata.shared <= 2 * rows * fmt.HEAD_DIM * 2 + 1024  # fp16 Q^T and P^T, and reduction scratch
+    # fp16 Q^T and P^T, the merge stack (fp32 partials), and reduction scratch
+    stack_bytes = stack_levels * (rows * fmt.HEAD_DIM + 2 * rows) * 4
+    assert compiled.metadata.shared <= 2 * rows * fmt.HEAD_DIM * 2 + stack_bytes + 1024
 
 
 @gluon.jit
@@ -133,7 +137,7 @@ def _rel_err(a, b):
 @pytest.mark.gpu
 @hopper_only
 @pytest.mark.parametrize("lens, heads, kv_heads, width, splits", [
-    ([32768 - 37 * r for r in range(64)], 64, 4, 32, gluon_decode.DECODE_SPLITS),  # the default budget at 32K
+    ([32768 - 37 * r for r in range(64)], 64, 4, 32, None),  # the default budget at 32K, the default splits
     ([9000, 130, 1, 4097], 64, 4, 16, 1),  # partial last pages, a one-token request
     ([131072, 5000], 16, 1, 64, 2),  # 16/1 at the widest budget
     ([20000, 7000, 3000], 32, 4, 32, 8),  # 8 heads per KV head
@@ -155,8 +159,49 @@ def test_matches_the_reference_and_the_triton_decode(lens, heads, kv_heads, widt
     assert not out.isnan().any()
     want = sparse_prefill_reference(*args)
     assert _rel_err(out, want) < 6e-3  # bf16 output rounding dominates, as for the Triton decode
-    triton_out = triton_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits)
+    triton_out = triton_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits or 4)
     assert _rel_err(out, triton_out) < 4e-3
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("lens, heads, kv_heads, width", [
+    ([9000, 130, 1, 4097, 32768, 300], 64, 4, 16),  # partial last pages, a one-token request
+    ([20000, 7000, 3000], 32, 4, 32),
+    ([131072, 5000], 16, 1, 64),
+    ([6000, 333], 40, 4, 5),  # padded rows, a width that is no power of two
+])
+def test_every_split_count_gives_the_same_bits(lens, heads, kv_heads, width):
+    """The merge tree does not depend on the split count (module docstring), so neither does the output: one split
+    (no partials, no combine) against every count the launch accepts. Repeated and -1 ids drop pages, so chunks
+    end early and some splits are empty."""
+    q, cache, block_ids, block_table, req, pos = _decode_problem(91 + width, lens, heads, kv_heads, width)
+    block_ids[0, 1] = -1
+    block_ids[-1, 0, 1::2] = block_ids[-1, 0, 0]
+    args = (q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    fewest, most = gluon_decode.split_range(width)
+    counts = [1 << i for i in range(fewest.bit_length() - 1, most.bit_length())]
+    outs = {n: gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=n) for n in counts}
+    assert not outs[fewest].isnan().any()
+    for n in counts:
+        assert torch.equal(outs[n], outs[fewest]), n
+    assert torch.equal(gluon_decode.launch(*args, torch.full_like(q, float("nan"))), outs[fewest])
+
+
+def test_split_counts_follow_the_batch(monkeypatch):
+    """Many splits for a few tokens, one for large batches, always within the accepted range (132 multiprocessors,
+    an H200's); a count outside it is refused."""
+    monkeypatch.setattr(gluon_decode, "_multiprocessors", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert [gluon_decode.decode_splits(t, 4, 16, cpu) for t in (1, 8, 32, 64, 256)] == [8, 8, 2, 1, 1]
+    assert [gluon_decode.decode_splits(t, 4, 32, cpu) for t in (1, 8, 32, 64, 256)] == [16, 8, 2, 1, 1]
+    assert gluon_decode.decode_splits(256, 4, 1024, cpu) == 32  # a dense layer's width: 16 chunks per split
+    assert gluon_decode.decode_splits(1, 1, 1, cpu) == 1
+    assert gluon_decode.split_range(16) == (1, 8) and gluon_decode.split_range(1024) == (32, 512)
+    q = torch.zeros(1, 16, fmt.HEAD_DIM)
+    with pytest.raises(ValueError, match="splits"):
+        gluon_decode.launch(q, torch.zeros(1, 2, 128, 72, dtype=torch.uint8), torch.zeros(1, 1, 16, dtype=torch.int32),
+                            None, None, None, 1.0, 1.0, 1.0, q, splits=16)
 
 
 @pytest.mark.gpu

@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=35, timeout=1200)  # the tests defined under ``if INTERPRETED``
+register_module(__file__, expected_passed=36, timeout=1200)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
@@ -159,6 +159,57 @@ if INTERPRETED:
             return triton_decode.launch(*args, poisoned(args[0]))
 
         assert_batch_invariant(attend, p, block_ids, [torch.tensor([t]) for t in range(5)] + [torch.tensor([3, 1])])
+
+    import triton
+    import triton.language as tl
+
+    from sglang_nvfp4.kernels.triton_common import merge_partials
+
+    @triton.jit
+    def _merge_neighbours_kernel(acc_ptr, stats_ptr, out_acc_ptr, out_stats_ptr, ROWS: tl.constexpr):
+        """Program p: partials 2p and 2p + 1 of ``[P, ROWS, 128]`` / ``[P, 2, ROWS]`` -> partial p of the halves."""
+        p = tl.program_id(0)
+        rows = tl.arange(0, ROWS)
+        at = rows[:, None] * 128 + tl.arange(0, 128)[None, :]
+        m_a, l_a = tl.load(stats_ptr + 4 * p * ROWS + rows), tl.load(stats_ptr + 4 * p * ROWS + ROWS + rows)
+        m_b, l_b = tl.load(stats_ptr + (4 * p + 2) * ROWS + rows), tl.load(stats_ptr + (4 * p + 3) * ROWS + rows)
+        acc_a = tl.load(acc_ptr + 2 * p * ROWS * 128 + at)
+        acc_b = tl.load(acc_ptr + (2 * p + 1) * ROWS * 128 + at)
+        m, l, acc = merge_partials(m_a, l_a, acc_a, m_b, l_b, acc_b, DIM_AXIS=1)
+        tl.store(out_stats_ptr + 2 * p * ROWS + rows, m)
+        tl.store(out_stats_ptr + (2 * p + 1) * ROWS + rows, l)
+        tl.store(out_acc_ptr + p * ROWS * 128 + at, acc)
+
+    def test_split_combine_is_a_tree_over_neighbours():
+        """The combine merges splits 2i and 2i + 1 first, then pairs of those: 8 partials give the bits that their
+        4 neighbour merges (the same merge function) give, and so on down to one partial. The Gluon decode's free
+        split count rests on this. Empty partials (-inf, 0, 0) among them are the identity."""
+        gen = torch.Generator().manual_seed(5)
+        rows, splits, group = 16, 8, 12
+        acc = torch.randn(1, 1, splits, rows, 128, generator=gen) * 3
+        stats = torch.stack([torch.randn(1, 1, splits, rows, generator=gen) * 4,
+                             torch.rand(1, 1, splits, rows, generator=gen) * 50 + 1], dim=3)
+        for empty in (1, 6, 7):
+            acc[:, :, empty], stats[:, :, empty, 0], stats[:, :, empty, 1] = 0.0, float("-inf"), 0.0
+        outs = []
+        while True:
+            out = torch.full((1, group, 128), float("nan"))
+            if splits == 1:  # one partial left: it and an empty one, the identity
+                empty = torch.tensor([float("-inf"), 0.0])[:, None].expand(1, 1, 1, 2, rows)
+                triton_decode.combine_splits(out, torch.cat([acc, torch.zeros_like(acc)], 2),
+                                             torch.cat([stats, empty], 2), 1.0, 1, group, rows, 2)
+            else:
+                triton_decode.combine_splits(out, acc, stats, 1.0, 1, group, rows, splits)
+            outs.append(out)
+            if splits == 1:
+                break
+            splits //= 2
+            half_acc, half_stats = torch.empty(1, 1, splits, rows, 128), torch.empty(1, 1, splits, 2, rows)
+            _merge_neighbours_kernel[(splits,)](acc, stats, half_acc, half_stats, ROWS=rows)
+            acc, stats = half_acc, half_stats
+        assert not outs[0].isnan().any()
+        for out in outs[1:]:
+            assert torch.equal(out, outs[0])
 
     def test_dispatcher_serves_triton_with_tensor_scales_and_strided_q(forced_triton):
         p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,

@@ -1,6 +1,6 @@
 """Sparse decode for Hopper (sm_90), in Gluon: decoded pages go straight into wgmma's register operands.
-Same contract (:mod:`sglang_nvfp4.reference`), grid, split schedule and split combine as :mod:`.triton_decode`
-(with its own fixed split count, :data:`DECODE_SPLITS`); entry point :func:`launch`.
+Same contract (:mod:`sglang_nvfp4.reference`), grid and split combine as :mod:`.triton_decode`, its own split
+schedule (below); entry point :func:`launch`.
 
 Why a second decode kernel. Decode multiplies each decoded page by one token's query heads only, so it is
 bound by decoding, not by the tensor cores. The Triton kernel decodes a tile in a blocked layout and Triton
@@ -22,11 +22,23 @@ whose order is free so long as both operands use it, so the kernel runs them ove
 * for ``O^T`` it is the key: ``S^T`` rows (keys) are loaded in this key order too, so ``P^T`` leaves the
   softmax already in the order V^T's words give, and goes to shared memory (``ROWS x 128`` fp16) as is.
 
+Split schedule: a fixed merge tree, any split count. A token's kept pages (its deduplicated selection, in
+order) are grouped into chunks of ``CHUNK_PAGES``; a chunk's pages are folded in order into one softmax
+partial ``(max, sum, P.V)``, and the chunks' partials are merged pairwise along a binary tree (chunks
+``2i`` and ``2i + 1``, then pairs of those, ...) by :func:`.triton_common.merge_partials`. Program
+``split`` of ``SPLITS`` takes an aligned run of ``CHUNKS_PER_SPLIT`` chunks, merges them along the same
+tree with a stack in shared memory (a level waits for its right sibling), and writes the run's partial;
+:func:`.triton_decode.combine_splits` merges the runs' partials along the tree's upper levels. The tree
+does not depend on the split count, and an empty partial (chunks past the last kept page) is the exact
+identity of the merge, so every split count gives the same output (the sign of a zero aside).
+:func:`launch` therefore picks the count from the batch (:func:`decode_splits`: many splits for few
+tokens, one for large batches, whose programs then write no partials) and decode stays batch-invariant:
+a token's output depends on its own selection only.
+
 Numerics: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2 softmax, ``P``
-rounded to fp16, as the Triton kernel; the summation order inside the products differs, so outputs agree
-with it to rounding, not bit for bit. Batch invariance holds (a token's programs depend on its own
-selection only, ``SPLITS`` is fixed). V scales of keys past the token's position are zeroed (their bytes
-may be E4M3 NaN codes) and their scores masked to ``-inf``.
+rounded to fp16, as the Triton kernel; the summation order differs, so outputs agree with it to rounding,
+not bit for bit. V scales of keys past the token's position are zeroed (their bytes may be E4M3 NaN codes)
+and their scores masked to ``-inf``.
 
 Scope (:func:`supports`): NVIDIA sm_90, 1 to 32 query heads per KV head. It runs only compiled (Gluon
 has no interpreter); ``tests/test_gluon_decode.py`` compiles it for sm_90 on any host, checks that no
@@ -34,6 +46,8 @@ tile passes through shared memory, and compares it with the reference on a Hoppe
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -53,18 +67,20 @@ from .triton_common import (
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
     global_scale,
+    merge_partials,
     online_softmax_step,
 )
 
 MAX_GROUP = 32  # query heads per KV head (wgmma's N: the fp32 S^T and O^T grow with it; 64 spills)
 NUM_WARPS = gl.constexpr(4)  # one warpgroup
-
-
-# Splits per (token, KV head), the same for every batch and every selection width: a token's partial sums, and so
-# its output bits, must not depend on the other requests of its batch, and a dense layer's selection is as wide as
-# the batch's longest request. Swept on the H200 at top-32 (the default then), 32K context, batch 1-256: 8 splits have
-# the smallest worst case against the best setting of each batch size, 1.23x (bench/results/decode_gluon_h200.md).
-DECODE_SPLITS = 8
+CHUNK_PAGES = gl.constexpr(2)  # kept pages folded in order into one partial: the leaves of the merge tree
+MAX_CHUNKS_PER_SPLIT = 16  # the merge stack's depth: 5 levels of ROWS x 128 fp32 in shared memory
+# Programs the split count aims for, per multiprocessor: in both H200 sweeps of bench/results/decode_gluon_h200.md,
+# about 256 programs in all served every batch size best (8 splits at batch 8, 2 at 32, 1 from 64 on).
+PROGRAMS_PER_SM = 2
+# The merge stack's shared-memory layouts: each thread stores and reloads its own elements of the mma layout.
+STACK_ROWS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+STACK_ACC_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
 
 def selection_slots(width: int) -> int:
@@ -73,13 +89,37 @@ def selection_slots(width: int) -> int:
     return max(32, triton.next_power_of_2(width))
 
 
-def max_registers(rows: int, splits: int) -> int:
-    """Register cap per thread: 168 (3 programs per multiprocessor, as the Triton decode) with 16 rows and split
-    partials (the dispatcher's case), else 232 (2 programs). ``tests/test_gluon_decode.py`` checks that neither
-    spills, with the installed Triton (CI: 3.8; the GPU host has 3.6)."""
-    return 168 if rows <= 16 and splits > 1 else 232
+def max_registers(rows: int, width: int) -> int:
+    """Register cap per thread: 168 (3 programs per multiprocessor, as the Triton decode) with 16 rows (16 query
+    heads per KV head) and up to 32 ids per token, else 232 (2 programs). ``tests/test_gluon_decode.py`` checks that
+    neither spills, with the installed Triton (CI: 3.8; the GPU host has 3.6)."""
+    return 168 if rows <= 16 and selection_slots(width) <= 32 else 232
 
 
+def num_chunks(width: int) -> int:
+    """Leaves of the merge tree for selections ``width`` ids wide: chunks of ``CHUNK_PAGES`` kept pages."""
+    return max(1, triton.next_power_of_2(width) // CHUNK_PAGES.value)
+
+
+def split_range(width: int) -> tuple[int, int]:
+    """The split counts a launch accepts for ``width`` ids: powers of two from ``(fewest, most)``; each split takes
+    at most ``MAX_CHUNKS_PER_SPLIT`` chunks, and at least one."""
+    chunks = num_chunks(width)
+    return max(1, chunks // MAX_CHUNKS_PER_SPLIT), chunks
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_splits(num_tokens: int, kv_heads: int, width: int, device: torch.device) -> int:
+    """The split count :func:`launch` picks: about ``PROGRAMS_PER_SM`` programs per multiprocessor over the batch's
+    ``num_tokens x kv_heads`` (token, KV head) pairs, within :func:`split_range`. It follows the batch, but the
+    output does not (module docstring)."""
+    fewest, most = split_range(width)
+    want = max(1, PROGRAMS_PER_SM * _multiprocessors(device) // max(1, num_tokens * kv_heads))
+    return min(most, max(fewest, 1 << (want.bit_length() - 1)))
 
 
 def supports(heads: int, kv_heads: int, width: int) -> bool:
@@ -181,7 +221,8 @@ def _sparse_decode_kernel(
     K, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_ih, stride_it, stride_ik, stride_br, stride_bs,
     HKV: gl.constexpr, GROUP: gl.constexpr, ROWS: gl.constexpr, K_POW2: gl.constexpr, SPLITS: gl.constexpr,
-    K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
+    CHUNKS_PER_SPLIT: gl.constexpr, STACK_LEVELS: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr,
+    V_SCALE_BY_POINTER: gl.constexpr,
 ):
     token = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -226,30 +267,67 @@ def _sparse_decode_kernel(
     s_key = cache_index(gl.arange(0, PAGE, layout=gl.SliceLayout(1, mma)))  # S^T row m is key cache_index(m)
     logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
 
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(0, mma))
-    acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
     s_init = gl.zeros([PAGE, ROWS], gl.float32, mma)
-    for j in range(split, num_kept, SPLITS):
-        block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
-        k_words, k_scales, v_words, v_lo, v_hi = _load_page(
-            cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
-        k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
-        k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
-        s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
-        # Key 128 * block_j <= pos is visible to every head: no max stays -inf.
-        visible = (block_j * PAGE + s_key) <= pos
-        p_t, alpha, m_i, l_i = online_softmax_step(s_t, visible[:, None], logit_scale, m_i, l_i,
-                                                   KEY_AXIS=0, ROWS_MAY_SEE_NOTHING=False)
-        p_smem.store(gl.permute(p_t.to(gl.float16), (1, 0)))
-        fence_async_shared()
-        lo_mask, hi_mask = live_token_masks(v_octet, pos - block_j * PAGE + 1)
-        # Converted once per octet, then shared by the thread's rows of it.
-        s0, s1, s2, s3 = vt_scale_operands(v_lo & lo_mask, v_hi & hi_mask)
-        v_scales = (gl.expand_dims(gl.expand_dims(s0, 0), 2), gl.expand_dims(gl.expand_dims(s1, 0), 2),
-                    gl.expand_dims(gl.expand_dims(s2, 0), 2), gl.expand_dims(gl.expand_dims(s3, 0), 2))
-        vt_tile = _as_operand(decode_words(v_words, v_scales), operand)
-        acc_t = warpgroup_mma(vt_tile, p_smem.permute((1, 0)), acc_t * alpha[None, :])  # [128 dims, ROWS]
+    rows_layout: gl.constexpr = gl.SliceLayout(0, mma)
+    # The merge stack (module docstring), STACK_LEVELS = log2(CHUNKS_PER_SPLIT) + 1 levels: level i holds the
+    # partial of 2**i chunks until its right sibling is done. Each thread stores and reloads its own elements, in
+    # one layout: no barrier is needed.
+    stack_m = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, ROWS], STACK_ROWS_LAYOUT)
+    stack_l = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, ROWS], STACK_ROWS_LAYOUT)
+    stack_acc = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, HEAD_DIM, ROWS], STACK_ACC_LAYOUT)
+    first_chunk = split * CHUNKS_PER_SPLIT
+    end_chunk = gl.minimum(first_chunk + CHUNKS_PER_SPLIT, (num_kept + CHUNK_PAGES - 1) // CHUNK_PAGES)
+    for chunk in range(first_chunk, end_chunk):
+        # The chunk's pages, folded in order from the empty partial.
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
+        l_i = gl.zeros([ROWS], gl.float32, rows_layout)
+        acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
+        for j in range(chunk * CHUNK_PAGES, gl.minimum(chunk * CHUNK_PAGES + CHUNK_PAGES, num_kept)):
+            block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
+            k_words, k_scales, v_words, v_lo, v_hi = _load_page(
+                cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+            k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
+            k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
+            s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
+            # Key 128 * block_j <= pos is visible to every head: no max stays -inf.
+            visible = (block_j * PAGE + s_key) <= pos
+            p_t, alpha, m_i, l_i = online_softmax_step(s_t, visible[:, None], logit_scale, m_i, l_i,
+                                                       KEY_AXIS=0, ROWS_MAY_SEE_NOTHING=False)
+            p_smem.store(gl.permute(p_t.to(gl.float16), (1, 0)))
+            fence_async_shared()
+            lo_mask, hi_mask = live_token_masks(v_octet, pos - block_j * PAGE + 1)
+            # Converted once per octet, then shared by the thread's rows of it.
+            s0, s1, s2, s3 = vt_scale_operands(v_lo & lo_mask, v_hi & hi_mask)
+            v_scales = (gl.expand_dims(gl.expand_dims(s0, 0), 2), gl.expand_dims(gl.expand_dims(s1, 0), 2),
+                        gl.expand_dims(gl.expand_dims(s2, 0), 2), gl.expand_dims(gl.expand_dims(s3, 0), 2))
+            vt_tile = _as_operand(decode_words(v_words, v_scales), operand)
+            acc_t = warpgroup_mma(vt_tile, p_smem.permute((1, 0)), acc_t * alpha[None, :])  # [128 dims, ROWS]
+        # Carry the chunk up the stack: while its position (counted in this split) has a 1 at a level, the level
+        # holds its left sibling; merge and go up. Then it waits at the first 0.
+        k = chunk - first_chunk
+        carrying = k >= 0  # true
+        for level in gl.static_range(STACK_LEVELS):
+            if carrying:
+                if ((k >> level) & 1) != 0:
+                    m_i, l_i, acc_t = merge_partials(stack_m.index(level).load(rows_layout),
+                                                     stack_l.index(level).load(rows_layout),
+                                                     stack_acc.index(level).load(mma), m_i, l_i, acc_t, DIM_AXIS=0)
+                else:
+                    stack_m.index(level).store(m_i)
+                    stack_l.index(level).store(l_i)
+                    stack_acc.index(level).store(acc_t)
+                    carrying = k < 0  # false
+    # The split's partial: the levels still held (the 1 bits of the chunk count), right to left, onto the empty
+    # partial. Chunks past the last kept page are empty partials, the identity: they need no visit.
+    done = gl.maximum(end_chunk - first_chunk, 0)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
+    l_i = gl.zeros([ROWS], gl.float32, rows_layout)
+    acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
+    for level in gl.static_range(STACK_LEVELS):
+        if ((done >> level) & 1) != 0:
+            m_i, l_i, acc_t = merge_partials(stack_m.index(level).load(rows_layout),
+                                             stack_l.index(level).load(rows_layout),
+                                             stack_acc.index(level).load(mma), m_i, l_i, acc_t, DIM_AXIS=0)
 
     dims = vt_row_dim(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, mma)))[:, None]  # dim of each acc_t row
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma))
@@ -266,18 +344,22 @@ def _sparse_decode_kernel(
         gl.store(part_stats_ptr + part * 2 * ROWS + ROWS + rows, l_i)
 
 
-def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
-           splits: int = DECODE_SPLITS):
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None):
     """Sparse decode on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_decode`); arguments as validated by the
     dispatcher and as in :func:`.triton_decode.launch`, the layer within :func:`supports`; ``splits``: programs per
-    (token, KV head), a power of two (the benchmark's knob; any fixed value keeps the output batch-invariant).
-    Returns ``out``."""
+    (token, KV head), a power of two within :func:`split_range` (default: :func:`decode_splits`; every count gives
+    the same output). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
     if t == 0:
         return out
     width = block_ids.shape[2]
+    fewest, most = split_range(width)
+    if splits is None:
+        splits = decode_splits(t, hkv, width, q.device)
+    elif splits & (splits - 1) or not fewest <= splits <= most:
+        raise ValueError(f"splits: a power of two in [{fewest}, {most}] for {width} ids per token, got {splits}")
     rows, part_acc, part_stats = triton_decode.split_partials(out, hkv, group, splits)
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     _sparse_decode_kernel[(t, hkv, splits)](
@@ -285,8 +367,9 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
         k_scale, v_scale, float(sm_scale),
         width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
         HKV=hkv, GROUP=group, ROWS=rows, K_POW2=selection_slots(width), SPLITS=splits,
+        CHUNKS_PER_SPLIT=num_chunks(width) // splits, STACK_LEVELS=(num_chunks(width) // splits).bit_length(),
         K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer,
-        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, splits),
+        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, width),
     )
     if splits > 1:
         triton_decode.combine_splits(out, part_acc, part_stats, v_scale, hkv, group, rows, splits)

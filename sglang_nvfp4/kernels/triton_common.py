@@ -9,7 +9,8 @@ way Triton's fused-attention tutorial factors ``_attn_fwd_inner`` out of its ker
 * the one E4M3 decoder, :func:`e4m3_decode`;
 * the page decoders :func:`load_k_tile` and :func:`load_vt_tile` (one page and KV head -> fp16 tile);
 * the attention kernels' online-softmax step :func:`online_softmax_step` (:func:`fold_logits` from ready
-  logits) and their final normalise-and-store :func:`normalize_and_store`.
+  logits), the split decode's merge of two partials :func:`merge_partials`, and the final normalise-and-store
+  :func:`normalize_and_store`.
 
 Tile values. An E2M1 code ``s e1 e0 m`` is rewritten as the E4M3 byte ``s << 7 | (e1 e0 m) << 2``,
 which is exactly ``e2m1 * 2**-6`` (code 1, the value 0.5, lands on an E4M3 subnormal), and converted
@@ -210,6 +211,26 @@ def fold_logits(logits, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: 
     p = tl.exp2(logits - tl.expand_dims(m_ref, KEY_AXIS))
     l_new = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
     return p, alpha, m_new, l_new
+
+
+@triton.jit
+def merge_partials(m_a, l_a, acc_a, m_b, l_b, acc_b, DIM_AXIS: tl.constexpr):
+    """Two softmax partials of the same rows over disjoint keys -> their union's ``(m, l, acc)``.
+
+    ``m``, ``l``: fp32 running max (base 2) and sum per row; ``acc``: fp32 ``P.V`` of those rows, the output dims
+    on axis ``DIM_AXIS`` (the ``m``/``l`` shapes broadcast along it). A partial that saw no key (``m = -inf``,
+    ``l = 0``, ``acc = 0``) is the identity on either side, bit for bit: the other's weight is ``exp2(0) = 1``
+    and this one's is 0. The split decode merges its pages' partials along a fixed tree with this one function,
+    in the decode kernels and in :func:`.triton_decode.combine_splits` alike, so that where a merge runs
+    changes no bit: the fused multiply-adds are written out, leaving the compiler nothing to contract."""
+    m = tl.maximum(m_a, m_b)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp2(m_a - m_ref)
+    w_b = tl.exp2(m_b - m_ref)
+    l = tl.fma(l_a, w_a, l_b * w_b)
+    w_a = tl.expand_dims(w_a, DIM_AXIS)
+    w_b = tl.expand_dims(w_b, DIM_AXIS)
+    return m, l, tl.fma(acc_a, w_a, acc_b * w_b)
 
 
 @triton.jit

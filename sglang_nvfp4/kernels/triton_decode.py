@@ -14,7 +14,8 @@ and converts them to the operand layout through shared memory, which bounds this
 (``bench/results/kernels_h200.md``); there the dispatcher runs :mod:`.gluon_decode` instead, which
 decodes straight into the operand layout.
 With ``SPLITS > 1`` each program writes its partial ``(acc, max, sum)`` and ``_combine_splits_kernel``
-merges them in split order (a split with no block adds exact zeros), a slice of the columns per program.
+merges them along a binary tree over the splits (:func:`combine_splits`; a split with no block is the
+identity), a slice of the columns per program.
 The softmax step and the final normalisation are the prefill kernel's (:mod:`.triton_common`), on the
 transposed tiles.
 """
@@ -34,6 +35,7 @@ from .triton_common import (
     global_scale,
     load_k_tile,
     load_vt_tile,
+    merge_partials,
     normalize_and_store,
     online_softmax_step,
     uses_ptx,
@@ -121,10 +123,12 @@ def _sparse_decode_kernel(
 @triton.jit
 def _combine_splits_kernel(
     out_ptr, part_acc_ptr, part_stats_ptr, v_scale, stride_ot, stride_oh,
-    HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, COLUMNS: tl.constexpr,
-    V_SCALE_BY_POINTER: tl.constexpr,
+    HKV: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, LEVELS: tl.constexpr,
+    COLUMNS: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr,
 ):
-    """Program (token, KV head, slice of COLUMNS partial-sum columns): the split merge of that slice."""
+    """Program (token, KV head, slice of COLUMNS partial-sum columns): the split merge of that slice, along the
+    binary tree over the ``SPLITS = 2**LEVELS`` splits (neighbours first: splits 2i and 2i + 1, then pairs of
+    pairs, ...)."""
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.arange(0, SPLITS)
@@ -134,17 +138,17 @@ def _combine_splits_kernel(
     stats = part_stats_ptr + part[:, None] * 2 * ROWS + rows[None, :]
     m = tl.load(stats)  # [SPLITS, ROWS]
     l = tl.load(stats + ROWS)
-    m_max = tl.max(m, axis=0)
-    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
-    weight = tl.exp2(m - m_ref[None, :])  # 0 for splits that saw nothing
-    l_sum = tl.sum(weight * l, axis=0)
     acc = tl.load(part_acc_ptr + part[:, None, None] * ROWS * HEAD_DIM + rows[None, :, None] * HEAD_DIM
-                  + columns[None, None, :])
-    acc = tl.sum(weight[:, :, None] * acc, axis=0)  # [ROWS, COLUMNS]
+                  + columns[None, None, :])  # [SPLITS, ROWS, COLUMNS]
+    for _ in tl.static_range(LEVELS):  # the partials halve at each level
+        m_a, m_b = tl.split(tl.permute(tl.reshape(m, (m.shape[0] // 2, 2, ROWS)), (0, 2, 1)))
+        l_a, l_b = tl.split(tl.permute(tl.reshape(l, (l.shape[0] // 2, 2, ROWS)), (0, 2, 1)))
+        acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0] // 2, 2, ROWS, COLUMNS)), (0, 2, 3, 1)))
+        m, l, acc = merge_partials(m_a, l_a, acc_a, m_b, l_b, acc_b, DIM_AXIS=2)
     out_scale = TILE_SCALE * global_scale(v_scale, V_SCALE_BY_POINTER)
     head = kv_head * GROUP + rows
-    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, acc, l_sum, out_scale,
-                        rows < GROUP, columns)
+    normalize_and_store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh, tl.reshape(acc, (ROWS, COLUMNS)),
+                        tl.reshape(l, (ROWS,)), out_scale, rows < GROUP, columns)
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int = DECODE_SPLITS,
@@ -197,13 +201,16 @@ def split_partials(out, hkv: int, group: int, splits: int):
 
 
 def combine_splits(out, part_acc, part_stats, v_scale, hkv: int, group: int, rows: int, splits: int):
-    """Merge the ``splits`` partials of every (token, KV head) into ``out [T, H, 128]``, in split order.
+    """Merge the ``splits`` partials of every (token, KV head) into ``out [T, H, 128]`` along a binary tree:
+    splits ``2i`` and ``2i + 1`` first (:func:`.triton_common.merge_partials`), then pairs of those, and so on.
+    A split that covers an aligned range of a fixed tree's leaves and merges them along the same tree (the Gluon
+    decode does) leaves the output the same for any split count.
 
     ``part_acc``: fp32 ``[T, Hkv, splits, rows, 128]``, column ``c`` holding dim ``vt_tile_dim(c)``;
     ``part_stats``: fp32 ``[T, Hkv, splits, 2, rows]``, the running max (base 2) and sum of each row (a split
     that saw nothing: ``-inf`` and 0). The Gluon decode writes the same partials."""
     _combine_splits_kernel[(out.shape[0], hkv, HEAD_DIM // COMBINE_COLUMNS)](
         out, part_acc, part_stats, v_scale, out.stride(0), out.stride(1),
-        HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, COLUMNS=COMBINE_COLUMNS,
+        HKV=hkv, GROUP=group, ROWS=rows, SPLITS=splits, LEVELS=splits.bit_length() - 1, COLUMNS=COMBINE_COLUMNS,
         V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor), num_warps=4,
     )
