@@ -35,7 +35,7 @@ def _signature(q_dtype: str, by_pointer: bool) -> dict:
     sig.update({name: "i32" for name in ("K", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_ih",
                                          "stride_it", "stride_ik", "stride_br", "stride_bs")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "ROWS", "K_POW2", "SPLITS", "CHUNKS_PER_SPLIT",
-                                               "STACK_LEVELS", "K_SCALE_BY_POINTER", "V_SCALE_BY_POINTER")})
+                                               "STACK_LEVELS", "PREFETCH", "K_SCALE_BY_POINTER", "V_SCALE_BY_POINTER")})
     return sig
 
 
@@ -56,11 +56,13 @@ def _stack_bytes(cubin: bytes) -> int:
     return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
-@pytest.mark.parametrize("group, width, splits, by_pointer", [
-    (16, 32, 8, True), (16, 16, 1, False), (16, 16, 8, False), (16, 64, 2, False), (16, 32, 1, False), (8, 16, 1, False), (32, 64, 2, True),
+@pytest.mark.parametrize("group, width, splits, prefetch, by_pointer", [
+    (16, 32, 8, False, True), (16, 16, 8, False, False), (16, 16, 1, False, False), (16, 16, 1, True, False),
+    (16, 32, 1, True, True), (16, 32, 2, True, False), (16, 64, 2, False, False), (8, 16, 2, True, False),
+    (32, 64, 2, False, True),
 ])
-def test_compiles_for_hopper(group, width, splits, by_pointer):
-    """What ``launch`` compiles, with its register cap."""
+def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
+    """What ``launch`` compiles, with its register cap, with and without the prefetch where it may pick it."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -68,12 +70,12 @@ def test_compiles_for_hopper(group, width, splits, by_pointer):
     chunks_per_split = gluon_decode.num_chunks(width) // splits
     stack_levels = chunks_per_split.bit_length()
     constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": gluon_decode.selection_slots(width), "SPLITS": splits,
-                  "CHUNKS_PER_SPLIT": chunks_per_split, "STACK_LEVELS": stack_levels,
+                  "CHUNKS_PER_SPLIT": chunks_per_split, "STACK_LEVELS": stack_levels, "PREFETCH": prefetch,
                   "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
     src = GluonASTSource(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": gluon_decode.NUM_WARPS.value,
-                                       "maxnreg": gluon_decode.max_registers(rows, width)})
+                                       "maxnreg": gluon_decode.max_registers(rows, width, prefetch)})
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
     assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
@@ -190,9 +192,13 @@ def test_every_split_count_gives_the_same_bits(lens, heads, kv_heads, width):
 
 def test_split_counts_follow_the_batch(monkeypatch):
     """Many splits for a few tokens, one for large batches, always within the accepted range (132 multiprocessors,
-    an H200's); a count outside it is refused."""
+    an H200's); a count outside it is refused. Programs that fit in one wave prefetch, when they walk 4 pages."""
     monkeypatch.setattr(gluon_decode, "_multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
+    assert [gluon_decode.prefetches(16, 16, 8 // splits, 4 * t * splits, cpu)
+            for t, splits in ((8, 8), (32, 2), (64, 1), (256, 1))] == [False, True, True, False]
+    assert gluon_decode.prefetches(16, 32, 2, 4 * 8 * 8, cpu)  # top-32 at batch 8: 2 chunks of 2 pages
+    assert not gluon_decode.prefetches(32, 32, 8, 4, cpu) and not gluon_decode.prefetches(16, 64, 8, 4, cpu)
     assert [gluon_decode.decode_splits(t, 4, 16, cpu) for t in (1, 8, 32, 64, 256)] == [8, 8, 2, 1, 1]
     assert [gluon_decode.decode_splits(t, 4, 32, cpu) for t in (1, 8, 32, 64, 256)] == [16, 8, 2, 1, 1]
     assert gluon_decode.decode_splits(256, 4, 1024, cpu) == 32  # a dense layer's width: 16 chunks per split

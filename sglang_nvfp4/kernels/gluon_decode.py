@@ -33,7 +33,8 @@ does not depend on the split count, and an empty partial (chunks past the last k
 identity of the merge, so every split count gives the same output (the sign of a zero aside).
 :func:`launch` therefore picks the count from the batch (:func:`decode_splits`: many splits for few
 tokens, one for large batches, whose programs then write no partials) and decode stays batch-invariant:
-a token's output depends on its own selection only.
+a token's output depends on its own selection only. Programs that walk 4 pages or more and fit in one wave
+load each page's bytes while the page before it computes (:func:`prefetches`).
 
 Numerics: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2 softmax, ``P``
 rounded to fp16, as the Triton kernel; the summation order differs, so outputs agree with it to rounding,
@@ -78,6 +79,7 @@ MAX_CHUNKS_PER_SPLIT = 16  # the merge stack's depth: 5 levels of ROWS x 128 fp3
 # Programs the split count aims for, per multiprocessor: in both H200 sweeps of bench/results/decode_gluon_h200.md,
 # about 256 programs in all served every batch size best (8 splits at batch 8, 2 at 32, 1 from 64 on).
 PROGRAMS_PER_SM = 2
+PREFETCH_PAGES = 4  # pages per program from which it may prefetch (:func:`prefetches`)
 # The merge stack's shared-memory layouts: each thread stores and reloads its own elements of the mma layout.
 STACK_ROWS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 STACK_ACC_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -89,11 +91,21 @@ def selection_slots(width: int) -> int:
     return max(32, triton.next_power_of_2(width))
 
 
-def max_registers(rows: int, width: int) -> int:
+def max_registers(rows: int, width: int, prefetch: bool) -> int:
     """Register cap per thread: 168 (3 programs per multiprocessor, as the Triton decode) with 16 rows (16 query
-    heads per KV head) and up to 32 ids per token, else 232 (2 programs). ``tests/test_gluon_decode.py`` checks that
-    neither spills, with the installed Triton (CI: 3.8; the GPU host has 3.6)."""
-    return 168 if rows <= 16 and selection_slots(width) <= 32 else 232
+    heads per KV head), up to 32 ids per token and no prefetch, else 232 (2 programs). ``tests/test_gluon_decode.py``
+    checks that neither spills, with the installed Triton (CI: 3.8; the GPU host has 3.6)."""
+    return 168 if rows <= 16 and selection_slots(width) <= 32 and not prefetch else 232
+
+
+def prefetches(rows: int, width: int, chunks_per_split: int, programs: int, device: torch.device) -> bool:
+    """Whether each of the launch's ``programs`` loads a page's bytes while the page before it computes. The next
+    page's bytes cost registers (2 programs per multiprocessor instead of 3; with more than 16 rows or 32 ids per
+    token they would spill), which pays when the programs fit in one wave at 2 per multiprocessor and walk at least
+    ``PREFETCH_PAGES`` pages: 7-12% faster at batch 32-64, 4-6% slower at batch 256 (32K context, H200,
+    ``bench/results/decode_gluon_h200.md``)."""
+    return (rows <= 16 and selection_slots(width) <= 32 and chunks_per_split * CHUNK_PAGES.value >= PREFETCH_PAGES
+            and programs <= PROGRAMS_PER_SM * _multiprocessors(device))
 
 
 def num_chunks(width: int) -> int:
@@ -221,8 +233,8 @@ def _sparse_decode_kernel(
     K, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_ih, stride_it, stride_ik, stride_br, stride_bs,
     HKV: gl.constexpr, GROUP: gl.constexpr, ROWS: gl.constexpr, K_POW2: gl.constexpr, SPLITS: gl.constexpr,
-    CHUNKS_PER_SPLIT: gl.constexpr, STACK_LEVELS: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr,
-    V_SCALE_BY_POINTER: gl.constexpr,
+    CHUNKS_PER_SPLIT: gl.constexpr, STACK_LEVELS: gl.constexpr, PREFETCH: gl.constexpr,
+    K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
 ):
     token = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -277,15 +289,29 @@ def _sparse_decode_kernel(
     stack_acc = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, HEAD_DIM, ROWS], STACK_ACC_LAYOUT)
     first_chunk = split * CHUNKS_PER_SPLIT
     end_chunk = gl.minimum(first_chunk + CHUNKS_PER_SPLIT, (num_kept + CHUNK_PAGES - 1) // CHUNK_PAGES)
+    if PREFETCH:  # the first page's bytes; past the last kept page this reads block 0's page, unused
+        next_block, next_page = _kept_page(block, keep, order, first_chunk * CHUNK_PAGES, req, block_table_ptr,
+                                           stride_br, stride_bs)
+        next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _load_page(
+            cache_ptr, next_page, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
     for chunk in range(first_chunk, end_chunk):
         # The chunk's pages, folded in order from the empty partial.
         m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
         l_i = gl.zeros([ROWS], gl.float32, rows_layout)
         acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
         for j in range(chunk * CHUNK_PAGES, gl.minimum(chunk * CHUNK_PAGES + CHUNK_PAGES, num_kept)):
-            block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
-            k_words, k_scales, v_words, v_lo, v_hi = _load_page(
-                cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+            if PREFETCH:  # this page's bytes arrived during the previous page; the next page's load now
+                block_j, k_words, k_scales, v_words, v_lo, v_hi = (next_block, next_k_words, next_k_scales,
+                                                                   next_v_words, next_v_lo, next_v_hi)
+                next_block, next_page = _kept_page(block, keep, order, j + 1, req, block_table_ptr, stride_br,
+                                                   stride_bs)
+                next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _load_page(
+                    cache_ptr, next_page, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row,
+                    HKV)
+            else:
+                block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
+                k_words, k_scales, v_words, v_lo, v_hi = _load_page(
+                    cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
             k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
             k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
             s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
@@ -362,14 +388,16 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
         raise ValueError(f"splits: a power of two in [{fewest}, {most}] for {width} ids per token, got {splits}")
     rows, part_acc, part_stats = triton_decode.split_partials(out, hkv, group, splits)
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
+    chunks_per_split = num_chunks(width) // splits
+    prefetch = prefetches(rows, width, chunks_per_split, t * hkv * splits, q.device)
     _sparse_decode_kernel[(t, hkv, splits)](
         q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
         k_scale, v_scale, float(sm_scale),
         width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
         HKV=hkv, GROUP=group, ROWS=rows, K_POW2=selection_slots(width), SPLITS=splits,
-        CHUNKS_PER_SPLIT=num_chunks(width) // splits, STACK_LEVELS=(num_chunks(width) // splits).bit_length(),
+        CHUNKS_PER_SPLIT=chunks_per_split, STACK_LEVELS=chunks_per_split.bit_length(), PREFETCH=prefetch,
         K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer,
-        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, width),
+        num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, width, prefetch),
     )
     if splits > 1:
         triton_decode.combine_splits(out, part_acc, part_stats, v_scale, hkv, group, rows, splits)
