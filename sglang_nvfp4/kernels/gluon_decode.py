@@ -226,6 +226,17 @@ def _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs
 
 
 @gluon.jit
+def _kept_page_bytes(j, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr, kv_head,
+                     k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV: gl.constexpr):
+    """The ``j``-th kept block and its page's bytes (:func:`_kept_page`, then :func:`_load_page`): ``(block,
+    k_words, k_scales, v_words, v_lo, v_hi)``. Past the last kept block, block 0 and its page (unused)."""
+    block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
+    k_words, k_scales, v_words, v_lo, v_hi = _load_page(cache_ptr, page_j, kv_head, k_words_at, v_words_at,
+                                                        k_scale_row, k_scale_byte, v_scale_row, HKV)
+    return block_j, k_words, k_scales, v_words, v_lo, v_hi
+
+
+@gluon.jit
 def _sparse_decode_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_stats_ptr, cache_ptr,  # q/out [T, H, 128]; partials fp32
     block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
@@ -290,10 +301,9 @@ def _sparse_decode_kernel(
     first_chunk = split * CHUNKS_PER_SPLIT
     end_chunk = gl.minimum(first_chunk + CHUNKS_PER_SPLIT, (num_kept + CHUNK_PAGES - 1) // CHUNK_PAGES)
     if PREFETCH:  # the first page's bytes; past the last kept page this reads block 0's page, unused
-        next_block, next_page = _kept_page(block, keep, order, first_chunk * CHUNK_PAGES, req, block_table_ptr,
-                                           stride_br, stride_bs)
-        next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _load_page(
-            cache_ptr, next_page, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+        next_block, next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _kept_page_bytes(
+            first_chunk * CHUNK_PAGES, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr,
+            kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
     for chunk in range(first_chunk, end_chunk):
         # The chunk's pages, folded in order from the empty partial.
         m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
@@ -303,15 +313,13 @@ def _sparse_decode_kernel(
             if PREFETCH:  # this page's bytes arrived during the previous page; the next page's load now
                 block_j, k_words, k_scales, v_words, v_lo, v_hi = (next_block, next_k_words, next_k_scales,
                                                                    next_v_words, next_v_lo, next_v_hi)
-                next_block, next_page = _kept_page(block, keep, order, j + 1, req, block_table_ptr, stride_br,
-                                                   stride_bs)
-                next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _load_page(
-                    cache_ptr, next_page, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row,
-                    HKV)
+                next_block, next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _kept_page_bytes(
+                    j + 1, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr, kv_head,
+                    k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
             else:
-                block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
-                k_words, k_scales, v_words, v_lo, v_hi = _load_page(
-                    cache_ptr, page_j, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+                block_j, k_words, k_scales, v_words, v_lo, v_hi = _kept_page_bytes(
+                    j, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr, kv_head,
+                    k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
             k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
             k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
             s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
