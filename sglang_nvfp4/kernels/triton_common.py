@@ -219,8 +219,8 @@ def merge_partials(m_a, l_a, acc_a, m_b, l_b, acc_b, DIM_AXIS: tl.constexpr):
 
     ``m``, ``l``: fp32 running max (base 2) and sum per row; ``acc``: fp32 ``P.V`` of those rows, the output dims
     on axis ``DIM_AXIS`` (the ``m``/``l`` shapes broadcast along it). A partial that saw no key (``m = -inf``,
-    ``l = 0``, ``acc = 0``) is the identity on either side, bit for bit: the other's weight is ``exp2(0) = 1``
-    and this one's is 0. The split decode merges its pages' partials along a fixed tree with this one function,
+    ``l = 0``, ``acc = 0``) is the identity on either side, bit for bit (a zero's sign aside): the other's weight
+    is ``exp2(0) = 1`` and this one's is 0. The split decode merges its pages' partials along a fixed tree with this one function,
     in the decode kernels and in :func:`.triton_decode.combine_splits` alike, so that where a merge runs
     changes no bit: the fused multiply-adds are written out, leaving the compiler nothing to contract."""
     m = tl.maximum(m_a, m_b)
