@@ -237,6 +237,24 @@ def _kept_page_bytes(j, block, keep, order, req, block_table_ptr, stride_br, str
 
 
 @gluon.jit
+def _empty_partial(ROWS: gl.constexpr, mma: gl.constexpr):
+    """The partial of no key: max ``-inf``, sum 0 (``[ROWS]``) and ``O^T = 0`` (``[128, ROWS]``, ``mma``), the
+    identity of :func:`.triton_common.merge_partials`."""
+    rows_layout: gl.constexpr = gl.SliceLayout(0, mma)
+    return (gl.full([ROWS], float("-inf"), gl.float32, rows_layout), gl.zeros([ROWS], gl.float32, rows_layout),
+            gl.zeros([HEAD_DIM, ROWS], gl.float32, mma))
+
+
+@gluon.jit
+def _merge_under_level(stack, level, m_i, l_i, acc_t, mma: gl.constexpr):
+    """The partial held at merge-stack ``level`` (its left sibling) merged with ``(m_i, l_i, acc_t)``."""
+    stack_m, stack_l, stack_acc = stack
+    rows_layout: gl.constexpr = gl.SliceLayout(0, mma)
+    return merge_partials(stack_m.index(level).load(rows_layout), stack_l.index(level).load(rows_layout),
+                          stack_acc.index(level).load(mma), m_i, l_i, acc_t, DIM_AXIS=0)
+
+
+@gluon.jit
 def _sparse_decode_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_stats_ptr, cache_ptr,  # q/out [T, H, 128]; partials fp32
     block_ids_ptr, block_table_ptr, req_ptr, pos_ptr,  # int32 [Hkv, T, K], [R, S], [T], [T]
@@ -291,13 +309,12 @@ def _sparse_decode_kernel(
     logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
 
     s_init = gl.zeros([PAGE, ROWS], gl.float32, mma)
-    rows_layout: gl.constexpr = gl.SliceLayout(0, mma)
     # The merge stack (module docstring), STACK_LEVELS = log2(CHUNKS_PER_SPLIT) + 1 levels: level i holds the
     # partial of 2**i chunks until its right sibling is done. Each thread stores and reloads its own elements, in
     # one layout: no barrier is needed.
-    stack_m = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, ROWS], STACK_ROWS_LAYOUT)
-    stack_l = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, ROWS], STACK_ROWS_LAYOUT)
-    stack_acc = gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, HEAD_DIM, ROWS], STACK_ACC_LAYOUT)
+    stack = (gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, ROWS], STACK_ROWS_LAYOUT),
+             gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, ROWS], STACK_ROWS_LAYOUT),
+             gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, HEAD_DIM, ROWS], STACK_ACC_LAYOUT))  # m, l, acc
     first_chunk = split * CHUNKS_PER_SPLIT
     end_chunk = gl.minimum(first_chunk + CHUNKS_PER_SPLIT, (num_kept + CHUNK_PAGES - 1) // CHUNK_PAGES)
     if PREFETCH:  # the first page's bytes; past the last kept page this reads block 0's page, unused
@@ -306,9 +323,7 @@ def _sparse_decode_kernel(
             kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
     for chunk in range(first_chunk, end_chunk):
         # The chunk's pages, folded in order from the empty partial.
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
-        l_i = gl.zeros([ROWS], gl.float32, rows_layout)
-        acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
+        m_i, l_i, acc_t = _empty_partial(ROWS, mma)
         for j in range(chunk * CHUNK_PAGES, gl.minimum(chunk * CHUNK_PAGES + CHUNK_PAGES, num_kept)):
             if PREFETCH:  # this page's bytes arrived during the previous page; the next page's load now
                 block_j, k_words, k_scales, v_words, v_lo, v_hi = (next_block, next_k_words, next_k_scales,
@@ -343,10 +358,9 @@ def _sparse_decode_kernel(
         for level in gl.static_range(STACK_LEVELS):
             if carrying:
                 if ((k >> level) & 1) != 0:
-                    m_i, l_i, acc_t = merge_partials(stack_m.index(level).load(rows_layout),
-                                                     stack_l.index(level).load(rows_layout),
-                                                     stack_acc.index(level).load(mma), m_i, l_i, acc_t, DIM_AXIS=0)
+                    m_i, l_i, acc_t = _merge_under_level(stack, level, m_i, l_i, acc_t, mma)
                 else:
+                    stack_m, stack_l, stack_acc = stack
                     stack_m.index(level).store(m_i)
                     stack_l.index(level).store(l_i)
                     stack_acc.index(level).store(acc_t)
@@ -354,14 +368,10 @@ def _sparse_decode_kernel(
     # The split's partial: the levels still held (the 1 bits of the chunk count), right to left, onto the empty
     # partial. Chunks past the last kept page are empty partials, the identity: they need no visit.
     done = gl.maximum(end_chunk - first_chunk, 0)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
-    l_i = gl.zeros([ROWS], gl.float32, rows_layout)
-    acc_t = gl.zeros([HEAD_DIM, ROWS], gl.float32, mma)
+    m_i, l_i, acc_t = _empty_partial(ROWS, mma)
     for level in gl.static_range(STACK_LEVELS):
         if ((done >> level) & 1) != 0:
-            m_i, l_i, acc_t = merge_partials(stack_m.index(level).load(rows_layout),
-                                             stack_l.index(level).load(rows_layout),
-                                             stack_acc.index(level).load(mma), m_i, l_i, acc_t, DIM_AXIS=0)
+            m_i, l_i, acc_t = _merge_under_level(stack, level, m_i, l_i, acc_t, mma)
 
     dims = vt_row_dim(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, mma)))[:, None]  # dim of each acc_t row
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma))
