@@ -1,7 +1,7 @@
 """The Gluon kernels' CPU compile checks again, with the Triton of the H200 host (``requirements/gpu-host-triton.txt``,
 installed by ``make venv`` into ``.venv/gpu-host-triton``) instead of CI's newer one.
 
-Gluon's API moves between Triton releases (for one, ``gl.thread_barrier`` is ``gl.barrier`` from 3.7 on): a kernel
+Gluon's API moves between Triton releases (for one, 3.6's ``gl.thread_barrier`` is ``gl.barrier`` in 3.8): a kernel
 that compiles only with CI's Triton would pass here and fail on the GPU, where each session has 30 minutes. The
 checks run in a child pytest whose ``PYTHONPATH`` puts the host's Triton first; without it this test fails (run
 ``make venv``), it does not skip."""
