@@ -14,9 +14,13 @@ Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in tha
   random top-16 on the same shape). Every call runs once untimed first (compilation, autotuning).
   Decode: one step's selection and attention per layer as CUDA-graph replays (batch 1 and 8, 8K and 32K),
   with the block table as wide as SGLang's decode graphs make it for one_batch's context length.
+  fp8 index keys (``NVFP4_SPARSE_INDEX_KEYS=fp8``) beside both: the same keys quantized
+  (:func:`sglang_nvfp4.indexer.learned.quantize_index_keys`), their selection time (prefill and decode), their
+  write, and the % of (head, token) block sets identical to the bf16 keys' and to the in-tree path's.
 * ``one_batch``: ``e2e_one_batch`` on ``m3``, ``--backends`` (default ``nvfp4_sparse triton``) at
   ``--input-lens`` x ``--batch-sizes``: prefill and decode throughput, KV capacity (``max_total_num_tokens``)
-  at the same ``--mem-fraction-static``.
+  at the same ``--mem-fraction-static``. The children inherit the environment: ``NVFP4_SPARSE_INDEX_KEYS=fp8``
+  gives ``nvfp4_sparse`` fp8 index keys (recorded as ``index_keys``; the in-tree path ignores it).
 * ``server``: ``e2e_server`` on ``m3``: a real server per backend, short prompts (every block selected: only
   NVFP4 storage differs) with first-token and logprob agreement, a long prompt, a radix hit, batch
   invariance.
@@ -152,6 +156,11 @@ def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list,
     return score_rows, topk_rows
 
 
+def identical_sets(ids: torch.Tensor, other: torch.Tensor) -> float:
+    """Fraction of (head, token) rows of two ``[heads, T, topk]`` selections holding the same block set."""
+    return (torch.sort(ids, dim=-1).values == torch.sort(other, dim=-1).values).all(dim=-1).float().mean().item()
+
+
 def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
     from bench_kernels import InTreeSparse, one_request, random_blocks
     from sglang.kernels.ops.attention.minimax_sparse.prefill.flash_with_topk_idx import flash_prefill_with_topk_index
@@ -159,6 +168,7 @@ def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
 
     from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
+    from sglang_nvfp4.indexer.learned import quantize_index_keys
     from sglang_nvfp4.kernels import triton_indexer as ti
     from sglang_nvfp4.kernels import triton_prefill
 
@@ -195,6 +205,15 @@ def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
 
     ours_scores()
     ours_topk()
+    fp8_codes, fp8_exponents = quantize_index_keys(keys)
+
+    def ours_fp8_select():
+        return ti.select_learned_blocks(idx_q, fp8_codes, block_table, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1,
+                                        key_exponents=fp8_exponents)
+
+    fp8_ids = ours_fp8_select()
+    row["ours_fp8_select_ms"] = bench_ms(ours_fp8_select)
+    row["fp8_vs_bf16_identical"] = identical_sets(fp8_ids, ours_ids)
     if sweep:
         row["score_sweep"], row["topk_sweep"] = score_sweep(idx_q, keys, block_table, req, pos, ours_ids)
     row["score_chunks"] = len(chunks)
@@ -219,8 +238,8 @@ def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
 
     theirs = in_tree_select()
     row["in_tree_select_ms"] = bench_ms(in_tree_select)
-    same = (torch.sort(ours_ids, dim=-1).values == torch.sort(theirs, dim=-1).values).all(dim=-1)
-    row["selection_identical"] = same.float().mean().item()
+    row["selection_identical"] = identical_sets(ours_ids, theirs)
+    row["fp8_selection_identical"] = identical_sets(fp8_ids, theirs)
     peer = InTreeSparse(cache, block_table, theirs, t)
     peer.attend(q, theirs, 1)
     row["in_tree_attention_ms"] = bench_ms(lambda: peer.attend(q, theirs, 1))
@@ -245,6 +264,7 @@ def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
 
     from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
+    from sglang_nvfp4.indexer import IndexKeys
     from sglang_nvfp4.kernels import triton_decode
     from sglang_nvfp4.kernels import triton_indexer as ti
 
@@ -260,6 +280,10 @@ def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
         row[f"select_step{step}_us"] = 1e3 * graph_ms(lambda: ti.select_learned_blocks(
             idx_q, keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, decode_blocks_per_step=step))
     row["select_us"] = row[f"select_step{ti.LEARNED_DECODE_STEP}_us"]
+    fp8_keys = IndexKeys(cache.shape[0], DEV, dtype=torch.float8_e4m3fn)
+    fp8_keys.write(torch.arange(keys.shape[0], device=DEV), keys)
+    row["select_fp8_us"] = 1e3 * graph_ms(lambda: ti.select_learned_blocks(
+        idx_q, fp8_keys.keys, wide, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, key_exponents=fp8_keys.exponents))
 
     def attend():
         return kernels.sparse_decode(q, cache, ids, wide, req, pos, ks, vs, scale, out=out)
@@ -280,7 +304,10 @@ def decode_case(batch: int, ctx: int, cols: int, gen: torch.Generator) -> dict:
                                                              one_token_per_byte=one))
     idx_k = torch.randn(batch, 1, 128, device=DEV, generator=gen).bfloat16()
     row["index_key_write_us"] = 1e3 * graph_ms(lambda: keys.index_copy_(0, slots, idx_k[:, 0]))
+    row["index_key_write_fp8_us"] = 1e3 * graph_ms(lambda: fp8_keys.write(slots, idx_k))
     row["layer_us"] = row["write_one_launch_us"] + row["index_key_write_us"] + row["select_us"] + row["attention_us"]
+    row["layer_fp8_us"] = (row["write_one_launch_us"] + row["index_key_write_fp8_us"] + row["select_fp8_us"]
+                           + row["attention_us"])
     return row
 
 
@@ -295,7 +322,8 @@ def run_kernels(bench: BenchRun, args) -> None:
             f"per merge step), attention {r['attention_us']:.1f} us ({r['attention_whole_row_combine_us']:.1f} "
             f"whole-row combine), write "
             f"{r['write_one_launch_us']:.1f} us (one launch) / {r['write_two_launches_us']:.1f} us (two), index keys "
-            f"{r['index_key_write_us']:.1f} us; layer {r['layer_us']:.1f} us")
+            f"{r['index_key_write_us']:.1f} us; layer {r['layer_us']:.1f} us; fp8 index keys: select "
+            f"{r['select_fp8_us']:.1f} us, write {r['index_key_write_fp8_us']:.1f} us, layer {r['layer_fp8_us']:.1f} us")
         bench.save()
     for t in args.kernel_t:
         if bench.skip_reason(f"kernels T={t}", 60):
@@ -305,7 +333,9 @@ def run_kernels(bench: BenchRun, args) -> None:
         log(f"kernels T={t}: select ours {row['ours_select_ms']:.2f} ms (scores {row['ours_scores_ms']:.2f}, "
             f"top-k {row['ours_topk_ms']:.2f}) vs in-tree {row['in_tree_select_ms']:.2f}; attention ours "
             f"{row['ours_attention_ms']:.2f} vs in-tree {row['in_tree_attention_ms']:.2f}; identical sets "
-            f"{row['selection_identical']:.4f}; union {row['union_mean']:.1f} (random {row['random_union_mean']:.1f})")
+            f"{row['selection_identical']:.4f}; union {row['union_mean']:.1f} (random {row['random_union_mean']:.1f}); "
+            f"fp8 index keys: select {row['ours_fp8_select_ms']:.2f} ms, identical sets {row['fp8_vs_bf16_identical']:.4f} "
+            f"of ours (bf16), {row['fp8_selection_identical']:.4f} of in-tree")
         bench.save()
 
 
@@ -333,6 +363,7 @@ def summarize(results: dict) -> dict:
     kernel_rows = results.get("kernels", [])
     if kernel_rows:
         summary["selection_identical"] = {r["T"]: r["selection_identical"] for r in kernel_rows}
+        summary["fp8_selection_identical"] = {r["T"]: r.get("fp8_selection_identical") for r in kernel_rows}
         summary["breakdown"] = [_breakdown(r, by_model.get(MODEL, {})) for r in kernel_rows]
     if results.get("server", {}).get("agreement"):
         summary["server_agreement"] = results["server"]["agreement"]
@@ -367,6 +398,7 @@ def main(argv=None) -> None:
     exit_on_sigterm()
     bench = BenchRun(args.out, "m3.json", args.budget_s)
     bench.results["gpu"] = gpu_description()
+    bench.results["index_keys"] = os.environ.get("NVFP4_SPARSE_INDEX_KEYS") or "model"  # nvfp4_sparse's, one_batch
     args.backends = runnable_backends(args.backends, bench.results)
     try:
         if "kernels" in args.steps:

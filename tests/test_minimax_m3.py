@@ -101,6 +101,26 @@ def test_pool_bytes_count_the_index_keys_of_the_ranks_sparse_layers(monkeypatch)
     ix = config.build_indexer(4, 3, 2, "cpu")
     assert isinstance(ix, LearnedIndexer) and sorted(ix.index_keys) == [1, 2, 3]
     assert ix.state_nbytes() == 3 * 3 * 128 * 128 * 2
+    # fp8 index keys: 128 E4M3 codes and one exponent byte per token and sparse layer
+    fp8 = load_config({"NVFP4_SPARSE_INDEX_KEYS": "fp8"}).for_model(hf)
+    assert fp8.model.key_dtype == torch.float8_e4m3fn
+    assert fp8.indexer_state_bytes(4, 2) == StateBytes(per_token=3 * 129)
+    monkeypatch.setenv("NVFP4_SPARSE_INDEX_KEYS", "fp8")
+    startup_config.cache_clear()
+    kvc.layer_info.start_layer = 0
+    stock = 4 * 2 * 512 + 3 * 256  # SGLang's own M3 pool keeps bf16 index keys whatever this backend does
+    assert plugin.cell_size_override(kvc, 4, stock) == math.ceil((4 * 2 * 144 + 3 * 129 + buffers) * stock
+                                                                  / (stock + buffers))
+    ix = fp8.build_indexer(4, 3, 2, "cpu")
+    assert ix.state_nbytes() == 3 * 3 * 128 * 129 and ix.index_keys[1].keys.dtype == torch.float8_e4m3fn
+
+
+def test_index_key_storage_is_validated_at_start_up():
+    with pytest.raises(ValueError, match="NVFP4_SPARSE_INDEX_KEYS='fp4': expected one of \\('model', 'fp8'\\)"):
+        load_config({"NVFP4_SPARSE_INDEX_KEYS": "fp4"})
+    with pytest.raises(ValueError, match="NVFP4_SPARSE_INDEX_KEYS=fp8: only MiniMax-M3 checkpoints keep index keys"):
+        load_config({"NVFP4_SPARSE_INDEX_KEYS": "fp8"}).for_model(PretrainedConfig(architectures=["X"]))
+    assert load_config({"NVFP4_SPARSE_INDEX_KEYS": "model"}).for_model(m3_config()).model.key_dtype == torch.bfloat16
 
 
 def test_m3_hooks_swap_in_the_nvfp4_pool_and_leave_the_backend_unwrapped(monkeypatch):

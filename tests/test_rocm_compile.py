@@ -21,11 +21,12 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from sglang_nvfp4 import format as fmt
+from sglang_nvfp4.indexer import IndexKeys
 from sglang_nvfp4.kernels import triton_decode, triton_indexer, triton_prefill, triton_write
 
 GFX950 = GPUTarget("hip", "gfx950", 64)
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
-          torch.int32: "i32", torch.int64: "i64"}
+          torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
 _OPTIONS = ("num_warps", "num_stages")
 
 
@@ -101,6 +102,12 @@ def _launches() -> list[tuple[str, JITFunction, tuple, dict]]:
                 keys = torch.zeros(pages * fmt.PAGE_SIZE, fmt.HEAD_DIM, dtype=torch.bfloat16)
                 triton_indexer.select_learned_blocks(torch.zeros(tokens, 4, fmt.HEAD_DIM), keys, block_table, req,
                                                      pos, fmt.TOPK, 1, 1)
+                fp8_keys = IndexKeys(pages, dtype=torch.float8_e4m3fn)  # NVFP4_SPARSE_INDEX_KEYS=fp8
+                triton_indexer.select_learned_blocks(torch.zeros(tokens, 4, fmt.HEAD_DIM, dtype=torch.bfloat16),
+                                                     fp8_keys.keys, block_table, req, pos, fmt.TOPK, 1, 1,
+                                                     key_exponents=fp8_keys.exponents)
+                triton_indexer.write_fp8_index_keys(fp8_keys.keys, fp8_keys.exponents, pos.long(),
+                                                    torch.zeros(tokens, fmt.HEAD_DIM, dtype=torch.bfloat16))
                 for fp8 in (False, True):
                     triton_indexer.select_proxy_blocks(queries, cache, block_table, req, pos, fmt.TOPK, 1, 1, fp8=fp8)
     compiled = {}
@@ -119,7 +126,7 @@ def test_every_rocm_kernel_is_captured():
     names = {name for name, _, _ in LAUNCHES}
     assert names == {"_plan_tiles_kernel", "_sparse_prefill_kernel", "_sparse_decode_kernel", "_combine_splits_kernel",
                      "_write_kv_kernel", "_summarize_kernel", "_select_kernel", "_key_scores_kernel",
-                     "_select_scored_kernel"}, names
+                     "_select_scored_kernel", "_write_fp8_index_keys_kernel"}, names
 
 
 @pytest.mark.parametrize("name, source, options", LAUNCHES,

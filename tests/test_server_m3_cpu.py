@@ -3,8 +3,10 @@ a tiny M3 config (3 layers: one dense, two with the learned indexer; 32 query / 
 one index head per KV head, top-16 blocks) with SGLang's seeded dummy weights. The plugin replaces M3's
 pool and hybrid backend: the NVFP4 pool holds every layer and the learned indexer the index keys. Prompts
 of at most 16 blocks must give bit-identical answers to the same server attending every block
-(``NVFP4_SPARSE_DENSE_LAYERS=all``); longer ones must not (the selection is sparse there). Unsupported
-M3 variants stop the launcher before any weight loads."""
+(``NVFP4_SPARSE_DENSE_LAYERS=all``); longer ones must not (the selection is sparse there). A server with fp8
+index keys (``NVFP4_SPARSE_INDEX_KEYS=fp8``) answers the short prompts as the every-block one too, and serves a long
+prompt from its radix cache with the same answer. Unsupported M3 variants stop the launcher before any weight
+loads."""
 
 from __future__ import annotations
 
@@ -117,3 +119,25 @@ def test_longer_prompts_attend_a_learned_top_16_and_hit_the_radix_cache(m3_serve
     assert differs == len(prompts["long"])  # past 16 blocks the selection drops blocks: outputs move
 
 
+
+
+def test_fp8_index_keys_serve_short_prompts_unchanged_and_reuse_cached_keys(m3_dir, prompts, every_block_answers,
+                                                                            m3_server):
+    # m3_server: its module fixture is set up (and later stopped) before this server, so two never run at once
+    m3_server.stop()
+    env = {**os.environ, "NVFP4_SPARSE_INDEX_KEYS": "fp8"}
+    with LocalServer(m3_dir, "nvfp4_sparse", extra_args=SERVER_ARGS, env=env) as srv:
+        # 2 sparse layers x 129 bytes of fp8 index keys a token (instead of 256) beside the cache
+        assert "nvfp4_sparse indexer LearnedIndexer: 0.008 GiB" in srv.log_tail(200_000)
+        for text, want in zip(prompts["short"][:2], every_block_answers["short"]):
+            got = srv.generate(text, max_new_tokens=6, return_logprob=True, logprob_start_len=0)
+            assert got["output_ids"] == want["output_ids"]
+            assert got["meta_info"]["output_token_logprobs"] == want["meta_info"]["output_token_logprobs"]
+        text = prompts["long"][0]
+        first = srv.generate(text, max_new_tokens=6, return_logprob=True)
+        again = srv.generate(text, max_new_tokens=6, return_logprob=True)
+        assert again["meta_info"]["cached_tokens"] >= 16 * 128  # prefix pages and their fp8 index keys reused
+        assert again["output_ids"] == first["output_ids"]
+        assert again["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]
+        log = srv.log_tail(200_000)
+    assert "Traceback" not in log, log[-4000:]

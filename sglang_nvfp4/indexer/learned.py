@@ -8,16 +8,21 @@ the index heads), bf16, ``D = 128``. Index head ``h`` selects for KV head ``h`` 
 configurations with several index heads per KV head, whose selections SGLang unions to ``g * topk``
 blocks, are refused at start-up by :mod:`sglang_nvfp4.sglang.minimax_m3`).
 
-Index keys (:class:`IndexKeys`): one ``[slots, D]`` tensor per sparse layer in the model dtype, written
-at the tokens' cache slots (``out_cache_loc``) with the main K/V. They follow the tokens: a radix-cache
-prefix or an earlier chunk keeps its slots, so its index keys are reused as they are; a move or an
-offload restore carries them (:meth:`LearnedIndexer.save_tokens` / ``restore_tokens``).
+Index keys (:class:`IndexKeys`): one ``[slots, D]`` tensor per sparse layer, written at the tokens' cache
+slots (``out_cache_loc``) with the main K/V, in the model dtype (``2 D`` bytes a token, as SGLang keeps them) or
+in fp8 (``D + 1`` bytes, ``NVFP4_SPARSE_INDEX_KEYS=fp8``): each key's E4M3 codes after scaling by the power of
+two that puts its largest magnitude in ``[128, 256)``, and that power's inverse as one E8M0 byte
+(:func:`quantize_index_keys`; E4M3 keeps 4 significant bits of every value whose magnitude is at least
+``2**-13`` of the key's largest, whatever the key's range). They follow the tokens: a radix-cache prefix or an
+earlier chunk keeps its slots, so its index keys are reused as they are; a move or an offload restore carries
+them (:meth:`LearnedIndexer.save_tokens` / ``restore_tokens``).
 
 Scores (:func:`select_blocks_learned`), MiniMax-M3's in-tree semantics (SGLang 0.5.23,
 ``minimax_sparse/prefill/flash_with_topk_idx.py``, ``block_size_q = 1``, score type ``max``): token
 ``t`` at position ``p`` scores block ``b`` per index head by the **max over the block's keys at
 positions <= p** of ``idx_q[t, h] . idx_k[key]`` (fp32 products of the stored values; the in-tree
-``D ** -0.5 * log2(e)`` factor is positive and changes no ranking, so it is left out). Blocks are then
+``D ** -0.5 * log2(e)`` factor is positive and changes no ranking, so it is left out; fp8 keys score with
+their dequantized values, ``codes * 2**(e - 127)``). Blocks are then
 chosen by :mod:`.rules`: M3's ``sparse_init_block`` leading blocks are this project's ``sink_blocks``,
 and its ``sparse_local_block`` counts the own block, so ``local_blocks = sparse_local_block - 1``.
 Equal scores select the lower block id (SGLang's bitonic and radix top-k leave ties unspecified).
@@ -25,7 +30,9 @@ Equal scores select the lower block id (SGLang's bitonic and radix top-k leave t
 Implementations: torch (CPU, or ``impl="torch"``; one request at a time, token chunks bounded by
 ``_SCORES_PER_CHUNK``) and a Triton kernel (:func:`sglang_nvfp4.kernels.triton_indexer.select_learned_blocks`:
 tensor-core ``idx_q . idx_k^T`` per 128-key block, max-reduced in registers, merged into a running
-top-k; no score matrix in memory, no host sync, so decode runs it inside CUDA graphs).
+top-k; no score matrix in memory, no host sync, so decode runs it inside CUDA graphs). With fp8 keys the
+kernel converts the codes to the queries' dtype (exact), runs the same products and multiplies each key's
+column by its power of two (exact), so both paths score the dequantized keys.
 """
 
 from __future__ import annotations
@@ -38,35 +45,104 @@ from .protocol import StateBytes
 from .rules import check_index_values, check_selection_settings, forced_blocks, rank_blocks
 from .summary import resolve_impl
 
-__all__ = ["IndexKeys", "LearnedIndexer", "select_blocks_learned", "INDEX_DIM"]
+__all__ = ["IndexKeys", "LearnedIndexer", "select_blocks_learned", "quantize_index_keys", "INDEX_DIM",
+           "INDEX_KEY_DTYPES"]
 
 INDEX_DIM = 128  # the index head size the kernels are built for (MiniMax-M3's sparse_index_dim)
-INDEX_KEY_DTYPES = (torch.bfloat16, torch.float16)
+MODEL_DTYPES = (torch.bfloat16, torch.float16)  # of idx_q / idx_k, and of index keys kept as the model gives them
+INDEX_KEY_DTYPES = (*MODEL_DTYPES, torch.float8_e4m3fn)  # fp8: E4M3 codes + one E8M0 exponent per key
 _SCORES_PER_CHUNK = 1 << 24  # token x head x key scores per chunk on the torch path
+_E8M0_BIAS = 127  # an E8M0 byte e stands for 2**(e - 127) (OCP MX scales; 255 is NaN, unused here)
+
+
+def quantize_index_keys(idx_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 index keys of ``idx_k [N, D]`` (any float dtype): E4M3 codes ``[N, D]`` of ``k * 2**j`` (round to
+    nearest even), ``2**j`` taking the key's largest magnitude into ``[128, 256)`` (within E4M3's 448), and uint8
+    ``[N]`` E8M0 exponents ``127 - j`` of the inverse, so that ``codes * 2**(e - 127)`` are the stored values. A
+    zero key stores zero codes; ``j`` is clamped to ``[-127, 126]`` (exponent bytes 1..254; keys whose largest
+    magnitude is below ``2**-119`` keep fewer significant bits, nothing overflows). The write kernel on GPUs
+    (:func:`sglang_nvfp4.kernels.triton_indexer.write_fp8_index_keys`) gives the same bytes."""
+    k = idx_k.float()
+    _, exponent = torch.frexp(k.abs().amax(-1))  # largest magnitude in [2**(exponent-1), 2**exponent)
+    j = (8 - exponent).clamp(-127, 126)
+    codes = torch.ldexp(k, j[:, None]).to(torch.float8_e4m3fn)
+    return codes, (_E8M0_BIAS - j).to(torch.uint8)
+
+
+def dequantize_index_keys(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """fp32 values ``[N, D]`` of fp8 index keys (:func:`quantize_index_keys`): ``codes * 2**(e - 127)``, exact."""
+    return torch.ldexp(codes.float(), exponents.int()[:, None] - _E8M0_BIAS)
 
 
 class IndexKeys:
-    """A layer's index keys: ``keys [num_pages * 128, D]`` (bf16 by default), row = cache slot."""
+    """A layer's index keys, row = cache slot: ``keys [num_pages * 128, D]`` in ``dtype`` (bf16 by default), and
+    for fp8 (``torch.float8_e4m3fn``) ``exponents`` uint8 ``[num_pages * 128]`` (:func:`quantize_index_keys`;
+    ``None`` otherwise)."""
 
     def __init__(self, num_pages: int, device=None, *, dtype: torch.dtype = torch.bfloat16, dim: int = INDEX_DIM):
         if dtype not in INDEX_KEY_DTYPES:
             raise ValueError(f"dtype: index keys are stored as {INDEX_KEY_DTYPES}, got {dtype}")
-        self.keys = torch.zeros(num_pages * fmt.PAGE_SIZE, dim, dtype=dtype, device=device)
+        slots = num_pages * fmt.PAGE_SIZE
+        self.keys = torch.zeros(slots, dim, dtype=dtype, device=device)
+        self.exponents = torch.full((slots,), _E8M0_BIAS, dtype=torch.uint8, device=device) if self.fp8 else None
+
+    @property
+    def fp8(self) -> bool:
+        return self.keys.dtype == torch.float8_e4m3fn
 
     @staticmethod
     def bytes_per_token(dtype: torch.dtype = torch.bfloat16, dim: int = INDEX_DIM) -> int:
-        return dim * torch.empty((), dtype=dtype).element_size()
+        """Bytes per token slot: the key, plus its exponent byte in fp8."""
+        size = torch.empty((), dtype=dtype).element_size()
+        return dim * size + (1 if dtype == torch.float8_e4m3fn else 0)
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + (self.exponents.nbytes if self.fp8 else 0)
 
     def write(self, slots: torch.Tensor, idx_k: torch.Tensor) -> None:
-        """Store ``idx_k [N, 1, D]`` (or ``[N, D]``) at ``slots [N]`` (no host sync: CUDA-graph safe)."""
+        """Store ``idx_k [N, 1, D]`` (or ``[N, D]``) at ``slots [N]``, quantized when the keys are fp8 (no host
+        sync: CUDA-graph safe)."""
         n = fmt.check_slots(slots)
         if idx_k.shape[0] != n or idx_k.numel() != n * self.keys.shape[1]:
             raise ValueError(f"idx_k: expected [{n}, 1, {self.keys.shape[1]}] for {n} slots, got {tuple(idx_k.shape)}")
-        self.keys.index_copy_(0, slots.long(), idx_k.reshape(n, -1).to(self.keys.dtype))
+        slots, idx_k = slots.long(), idx_k.reshape(n, -1)
+        if self.fp8 and resolve_impl("auto", self.keys.device) == "triton":  # one launch (decode: in CUDA graphs)
+            from ..kernels.triton_indexer import write_fp8_index_keys
+
+            write_fp8_index_keys(self.keys, self.exponents, slots, idx_k.contiguous())
+        elif self.fp8:
+            codes, exponents = quantize_index_keys(idx_k)
+            self.keys.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))  # no fp8 index_copy_ on CPU
+            self.exponents.index_copy_(0, slots, exponents)
+        else:
+            self.keys.index_copy_(0, slots, idx_k.to(self.keys.dtype))
+
+    def values(self, slots: torch.Tensor) -> torch.Tensor:
+        """fp32 ``[N, D]``: the keys at ``slots [N]`` as scoring sees them (fp8: dequantized)."""
+        slots = slots.long()
+        if self.fp8:
+            return dequantize_index_keys(self.keys[slots], self.exponents[slots])
+        return self.keys[slots].float()
+
+    def save(self, slots: torch.Tensor) -> torch.Tensor:
+        """The stored bytes of ``slots [N]`` (fp8: uint8 ``[N, D + 1]``, the codes then the exponent)."""
+        slots = slots.long()
+        if self.fp8:
+            return torch.cat([self.keys[slots].view(torch.uint8), self.exponents[slots, None]], dim=1)
+        return self.keys[slots].clone()
+
+    def restore(self, slots: torch.Tensor, saved: torch.Tensor) -> None:
+        """Put back what :meth:`save` returned at ``slots``."""
+        slots = slots.long()
+        if self.fp8:
+            self.keys[slots] = saved[:, :-1].contiguous().view(torch.float8_e4m3fn)
+            self.exponents[slots] = saved[:, -1]
+        else:
+            self.keys[slots] = saved.to(self.keys.dtype)
 
 
 def _check_select_inputs(idx_q, keys, block_table, req, pos):
-    if idx_q.dim() != 3 or idx_q.shape[2] != keys.shape[1] or idx_q.dtype not in INDEX_KEY_DTYPES:
+    if idx_q.dim() != 3 or idx_q.shape[2] != keys.shape[1] or idx_q.dtype not in MODEL_DTYPES:
         raise ValueError(f"idx_q: expected bf16/fp16 [T, Hi, {keys.shape[1]}], got {idx_q.dtype} {tuple(idx_q.shape)}")
     if idx_q.device != keys.device:
         raise ValueError(f"idx_q: on {idx_q.device}, index keys on {keys.device}")
@@ -87,17 +163,18 @@ def select_blocks_learned(idx_q: torch.Tensor, keys: IndexKeys, block_table: tor
     if resolve_impl(impl, idx_q.device) == "triton":
         from ..kernels.triton_indexer import select_learned_blocks
 
-        return select_learned_blocks(idx_q, keys.keys, block_table, req, pos, topk, sink_blocks, local_blocks)
-    return _select_torch(idx_q, keys.keys, block_table, req, pos, topk, sink_blocks, local_blocks)
+        return select_learned_blocks(idx_q, keys.keys, block_table, req, pos, topk, sink_blocks, local_blocks,
+                                     key_exponents=keys.exponents)
+    return _select_torch(idx_q, keys, block_table, req, pos, topk, sink_blocks, local_blocks)
 
 
-def _select_torch(idx_q, keys, block_table, req, pos, topk, sink_blocks, local_blocks):
-    check_index_values(block_table, req, pos, keys.shape[0] // fmt.PAGE_SIZE)
+def _select_torch(idx_q, keys: IndexKeys, block_table, req, pos, topk, sink_blocks, local_blocks):
+    check_index_values(block_table, req, pos, keys.keys.shape[0] // fmt.PAGE_SIZE)
     rows = torch.arange(fmt.PAGE_SIZE, device=idx_q.device)
 
     def request_keys(r: int, num_blocks: int) -> torch.Tensor:  # one index-key head, shared: [1, B * 128, D]
         slots = (block_table[r, :num_blocks].long()[:, None] * fmt.PAGE_SIZE + rows).reshape(-1)
-        return keys[slots].float()[None]
+        return keys.values(slots)[None]
 
     return select_by_max_pooled_keys(idx_q, request_keys, req, pos, topk, sink_blocks, local_blocks)
 
@@ -156,7 +233,7 @@ class LearnedIndexer:
         return StateBytes(per_token=len(set(sparse_layers)) * IndexKeys.bytes_per_token(key_dtype))
 
     def state_nbytes(self) -> int:
-        return sum(k.keys.nbytes for k in self.index_keys.values())
+        return sum(k.nbytes() for k in self.index_keys.values())
 
     def _keys(self, layer_id: int, what: str) -> IndexKeys:
         keys = self.index_keys.get(layer_id)
@@ -174,12 +251,12 @@ class LearnedIndexer:
 
     def save_tokens(self, layer_id, slots) -> torch.Tensor | None:
         keys = self.index_keys.get(layer_id)
-        return None if keys is None else keys.keys[slots.long()].clone()
+        return None if keys is None else keys.save(slots)
 
     def restore_tokens(self, layer_id, cache, slots, saved) -> None:
         keys = self.index_keys.get(layer_id)
         if keys is not None:
-            keys.keys[slots.long()] = saved.to(keys.keys.dtype)
+            keys.restore(slots, saved)
 
     def select(self, layer_id, q, cache, block_table, req, pos, *, idx_q=None, **model_inputs) -> torch.Tensor:
         keys = self._keys(layer_id, "select")

@@ -17,6 +17,9 @@
   max-reduces per block into fp32 block scores, in token chunks of at most ``LEARNED_SCORE_BYTES``; then
   ``_select_scored_kernel`` applies the rule and the running top-k (the helpers ``_ranked_scores``,
   ``_merge_top_k`` and ``_store_top_k`` it shares with ``_select_kernel``).
+* :func:`write_fp8_index_keys` (``_write_fp8_index_keys_kernel``): the learned indexer's fp8 index keys, each
+  key quantized and stored at its slot in one launch (the rule of
+  :func:`sglang_nvfp4.indexer.learned.quantize_index_keys`, bit for bit).
 
 All are launched without host synchronisation (CUDA-graph safe) and take plain tensors; their
 arguments are checked by :mod:`sglang_nvfp4.indexer`. Under ``TRITON_INTERPRET=1`` they run on CPU
@@ -263,19 +266,22 @@ SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 16
 
 
 @triton.jit
-def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
+def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
                            num_tokens, num_cols, stride_br, stride_bs,
                            HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
                            ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
                            FROM_CACHE: tl.constexpr, MAX_OVER_HEADS: tl.constexpr, FP8: tl.constexpr,
-                           USE_PTX: tl.constexpr, PREFETCH: tl.constexpr):
+                           FP8_KEYS: tl.constexpr, USE_PTX: tl.constexpr, PREFETCH: tl.constexpr):
     """Program (token tile, group of BLOCKS blocks, KV head): per block ``S = q . k^T`` on the tensor cores,
     the max over the block's 128 keys written to ``scores [heads, T, num_cols]`` (visible blocks only). A row's
     own block is scored over all its keys, those past the row's position too: the rule forces that block, so
     its score is never read (the selections equal those of scores masked at the position). Two key sources:
 
     * index keys (``FROM_CACHE`` false; MiniMax-M3): rows are (token, index head) pairs, ``idx_q [T, HEADS,
-      D]``, all sharing the bf16/fp16 index keys ``keys [slots, D]``; one KV-head program (``HKV`` 1);
+      D]``, all sharing the index keys ``keys [slots, D]``; one KV-head program (``HKV`` 1). The keys are in
+      ``idx_q``'s dtype (bf16/fp16), or with ``FP8_KEYS`` E4M3 codes and uint8 E8M0 exponents
+      ``key_exponents [slots]`` (:func:`sglang_nvfp4.indexer.learned.quantize_index_keys`): the codes convert to
+      ``idx_q``'s dtype exactly and each key's products are multiplied by its power of two, exactly;
     * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are (token, query group) pairs, ``idx_q``
       the aggregated queries ``[T, HKV * HEADS, 128]`` fp16 (``HEADS`` groups per KV head), ``keys`` the cache;
       program_id(2) is the KV head. Decoded tiles hold value / TILE_SCALE, a power of two, which changes no
@@ -332,11 +338,16 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, block_table_ptr, req_ptr, pos_ptr, s
                 else:
                     page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
                     k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
+                    if FP8_KEYS:
+                        k = k.to(q.dtype)
                 if FP8:
                     k = _to_e4m3(k * FP8_KEY_SCALE)  # tile values are at most 42: no saturation
                 # No causal mask: keys past a row's position lie in the row's own block, which the rule always
                 # selects (forced), so its score never counts, and later blocks are not stored.
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
+                if FP8_KEYS:  # each key's power of two, from its E8M0 byte (exponent bits of an fp32 1.0 * 2**(e-127))
+                    exponent = tl.load(key_exponents_ptr + page * PAGE + keyrow).to(tl.int32)
+                    s = s * (exponent << 23).to(tl.float32, bitcast=True)[None, :]
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
             if FP8:  # max(c * s) = c * max(s) for c > 0: one product per block and row
                 score = score * row_unscale[:, None]
@@ -443,20 +454,27 @@ def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
 
 
 def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int, blocks: int, *,
-                         num_warps: int | None = None, num_stages: int | None = None) -> None:
-    """Block scores of the tokens of ``idx_q [n, Hi, D]`` (same dtype as ``keys``, contiguous), ``req`` and
-    ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible blocks only; contiguous). ``num_warps`` and
-    ``num_stages`` override the launch defaults (``bench/bench_m3.py`` sweeps them)."""
+                         key_exponents: torch.Tensor | None = None, num_warps: int | None = None,
+                         num_stages: int | None = None) -> None:
+    """Block scores of the tokens of ``idx_q [n, Hi, D]`` (contiguous; the dtype of ``keys``, or bf16/fp16 for fp8
+    keys with their ``key_exponents``), ``req`` and ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible
+    blocks only; contiguous). ``num_warps`` and ``num_stages`` override the launch defaults (``bench/bench_m3.py``
+    sweeps them)."""
     n, heads, d = idx_q.shape
     if not (scores.is_contiguous() and idx_q.is_contiguous() and keys.is_contiguous()):
         raise ValueError("learned_block_scores: idx_q, keys and scores must be contiguous")
+    fp8_keys = keys.dtype == torch.float8_e4m3fn
+    if fp8_keys != (key_exponents is not None) or (not fp8_keys and idx_q.dtype != keys.dtype):
+        raise ValueError(f"learned_block_scores: {keys.dtype} keys with{'' if key_exponents is not None else 'out'} "
+                         f"exponents and {idx_q.dtype} queries (fp8 keys need their exponents, others idx_q's dtype)")
     hp = triton.next_power_of_2(heads)
     rows = max(16, tokens * hp)  # tl.dot needs 16 rows
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
-        idx_q, keys, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
+        idx_q, keys, keys if key_exponents is None else key_exponents, block_table, req, pos, scores, n, cols,
+        block_table.stride(0), block_table.stride(1),
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False,
-        MAX_OVER_HEADS=False, FP8=False, USE_PTX=False, PREFETCH=False,
+        MAX_OVER_HEADS=False, FP8=False, FP8_KEYS=fp8_keys, USE_PTX=False, PREFETCH=False,
         num_warps=num_warps or (4 if rows <= 64 else 8), **({"num_stages": num_stages} if num_stages else {}),
     )
 
@@ -477,9 +495,9 @@ def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: in
     rows = max(16, tokens * hp)
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
-        queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
+        queries, cache, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HEADS=groups, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
-        MAX_OVER_HEADS=True, FP8=fp8, USE_PTX=uses_ptx(cache.device), PREFETCH=fp8 and tokens > 1,
+        MAX_OVER_HEADS=True, FP8=fp8, FP8_KEYS=False, USE_PTX=uses_ptx(cache.device), PREFETCH=fp8 and tokens > 1,
         num_warps=PROXY_WARPS,
     )
 
@@ -525,22 +543,25 @@ def _select_in_chunks(score_chunk, heads: int, block_table, req, pos, topk: int,
 
 def select_learned_blocks(idx_q: torch.Tensor, keys: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                           pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *,
-                          score_bytes: int = LEARNED_SCORE_BYTES,
+                          key_exponents: torch.Tensor | None = None, score_bytes: int = LEARNED_SCORE_BYTES,
                           decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_learned` (arguments checked there):
     int32 ``block_ids [Hi, T, topk]``.
 
-    ``idx_q``: ``[T, Hi, D]``, cast to the keys' dtype; ``keys``: bf16/fp16 ``[slots, D]`` (row = cache
-    slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Block scores, then the selection,
-    per chunk of tokens (:func:`_select_in_chunks`)."""
+    ``idx_q``: ``[T, Hi, D]``, cast to the keys' dtype (fp8 keys: kept bf16/fp16); ``keys``: bf16/fp16, or fp8
+    with ``key_exponents`` uint8 ``[slots]`` (:class:`sglang_nvfp4.indexer.IndexKeys`), ``[slots, D]`` (row =
+    cache slot); ``block_table`` int32 ``[R, S]``, ``req``, ``pos`` int32 ``[T]``. Block scores, then the
+    selection, per chunk of tokens (:func:`_select_in_chunks`)."""
     t, heads, _ = idx_q.shape
-    idx_q = idx_q.to(keys.dtype).contiguous()
+    if key_exponents is None:
+        idx_q = idx_q.to(keys.dtype)
+    idx_q = idx_q.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
     tokens, blocks, stages = learned_launch(t, block_table.shape[0], heads)
 
     def score_chunk(part, scores):
         learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
-                             num_stages=stages)
+                             key_exponents=key_exponents, num_stages=stages)
 
     return _select_in_chunks(score_chunk, heads, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
                              score_bytes, decode_blocks_per_step)
@@ -568,3 +589,39 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
                              score_bytes, decode_blocks_per_step)
+
+
+# ---- fp8 index keys (the learned indexer, NVFP4_SPARSE_INDEX_KEYS=fp8) -----------------------------------
+FP8_WRITE_ROWS = 16  # keys per program of the fp8 index-key write
+
+
+@triton.jit
+def _write_fp8_index_keys_kernel(idx_k_ptr, slots_ptr, codes_ptr, exponents_ptr, num_keys,
+                                 D: tl.constexpr, ROWS: tl.constexpr):
+    """Program (``ROWS`` keys): each key's E8M0 exponent byte ``e`` from its largest magnitude's fp32 exponent
+    field ``b`` (``e = b - 7``: ``2**(127 - e)`` takes the largest magnitude into ``[128, 256)``; clamped to
+    ``1..254``; 119 for a zero key, as ``torch.frexp`` gives), then E4M3 codes of ``k * 2**(127 - e)`` (exact
+    products, round to nearest even), stored at the key's slot."""
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = row < num_keys
+    dims = tl.arange(0, D)
+    k = tl.load(idx_k_ptr + row.to(tl.int64)[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
+    k = k.to(tl.float32)
+    largest = tl.max(tl.abs(k), axis=1)
+    biased = (largest.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    exponent = tl.where(largest == 0, 119, tl.minimum(tl.maximum(biased - 7, 1), 254))
+    scale = ((254 - exponent) << 23).to(tl.float32, bitcast=True)  # 2**(127 - e); e <= 247 for finite keys
+    slot = tl.load(slots_ptr + row, mask=ok, other=0).to(tl.int64)
+    tl.store(codes_ptr + slot[:, None] * D + dims[None, :], _to_e4m3(k * scale[:, None]), mask=ok[:, None])
+    tl.store(exponents_ptr + slot, exponent.to(tl.uint8), mask=ok)
+
+
+def write_fp8_index_keys(codes: torch.Tensor, exponents: torch.Tensor, slots: torch.Tensor,
+                         idx_k: torch.Tensor) -> None:
+    """Quantize ``idx_k [N, D]`` (bf16/fp16/fp32, contiguous) into fp8 index keys: E4M3 ``codes [slots, D]`` and
+    uint8 ``exponents [slots]`` at ``slots [N]`` (int32/int64), as
+    :func:`sglang_nvfp4.indexer.learned.quantize_index_keys` does (no host sync: CUDA-graph safe)."""
+    n, d = idx_k.shape
+    if n:
+        _write_fp8_index_keys_kernel[(triton.cdiv(n, FP8_WRITE_ROWS),)](
+            idx_k, slots, codes, exponents, n, D=d, ROWS=FP8_WRITE_ROWS, num_warps=4)

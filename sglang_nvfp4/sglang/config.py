@@ -17,6 +17,10 @@ variable                          default  meaning
                                            ``all``: every query head is one
 ``NVFP4_SPARSE_PROXY_PRECISION``  fp8      ``proxy`` only: operands of its score products, ``fp8`` or
                                            ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
+``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16,
+                                           256 bytes a token and sparse layer, as SGLang keeps them) or
+                                           ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
+                                           :func:`sglang_nvfp4.indexer.learned.quantize_index_keys`)
 ``NVFP4_SPARSE_DENSE_LAYERS``     (none)   comma-separated layer ids that attend every visible block
                                            (dense attention over the NVFP4 cache), or ``all``
 ``NVFP4_SPARSE_KERNEL``           (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
@@ -42,7 +46,8 @@ checkpoint's config too (:meth:`SparseConfig.check_model`); the backend checks t
 MiniMax-M3 checkpoints bring their own selection (:mod:`.minimax_m3`, :meth:`SparseConfig.for_model`):
 their learned indexer, top-k and forced blocks come from the checkpoint, so setting ``TOPK``,
 ``SINK_BLOCKS``, ``LOCAL_BLOCKS`` or ``INDEXER`` for one is a start-up error; ``DENSE_LAYERS`` and
-``KERNEL`` apply as for any model.
+``KERNEL`` apply as for any model. ``INDEX_KEYS`` applies to them alone (other models keep no index keys: setting
+it for one is a start-up error).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from .. import format as fmt
 from .. import kernels
 from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIndexer
 from ..indexer.proxy import PRECISIONS
-from .minimax_m3 import M3Sparsity, m3_sparsity
+from .minimax_m3 import INDEX_KEY_STORAGE, M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
 # A model's own indexer replaces these.
@@ -79,17 +84,22 @@ class SparseConfig:
     proxy_groups: int | None = DEFAULT_PROXY_GROUPS  # queries per KV head of the proxy indexer; None: every head
     proxy_precision: str = DEFAULT_PROXY_PRECISION  # operands of the proxy's score products (PRECISIONS)
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
+    index_keys: str = "model"  # storage of a learned indexer's keys (INDEX_KEY_STORAGE)
     explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
     model: M3Sparsity | None = None  # a checkpoint's own selection (MiniMax-M3), from for_model()
 
     def for_model(self, hf_config) -> SparseConfig:
         """This configuration for a checkpoint: with its own selection when it has one (MiniMax-M3;
-        ``ValueError`` for an unsupported variant, or for selection variables it would ignore)."""
-        model = m3_sparsity(hf_config)
+        ``ValueError`` for an unsupported variant, for selection variables it would ignore, or for index-key
+        storage asked of a model without index keys)."""
+        model = m3_sparsity(hf_config, self.index_keys)
         if model is not None and self.explicit:
             names = ", ".join(_PREFIX + name for name in sorted(self.explicit))
             raise ValueError(f"{names}: MiniMax-M3 selects blocks with its learned indexer and its checkpoint's "
                              "sparse_attention_config; unset these variables")
+        if model is None and self.index_keys != "model":
+            raise ValueError(f"{_PREFIX}INDEX_KEYS={self.index_keys}: only MiniMax-M3 checkpoints keep index keys "
+                             "(their learned indexer's); unset it for this model")
         return dataclasses.replace(self, model=model)
 
     def is_dense_layer(self, layer_id: int) -> bool:
@@ -183,10 +193,13 @@ def load_config(env=None) -> SparseConfig:
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: expected 'all' or comma-separated layer ids") from None
         if any(x < 0 for x in dense):
             raise ValueError(f"{_PREFIX}DENSE_LAYERS={raw_dense!r}: layer ids must be >= 0")
+    index_keys = (env.get(_PREFIX + "INDEX_KEYS") or "").strip() or "model"
+    if index_keys not in INDEX_KEY_STORAGE:
+        raise ValueError(f"{_PREFIX}INDEX_KEYS={index_keys!r}: expected one of {tuple(INDEX_KEY_STORAGE)}")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
     return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, dense,
-                        explicit)
+                        index_keys, explicit)
 
 
 @functools.cache

@@ -15,6 +15,10 @@ Supported (else a start-up error naming the field): ``sparse_block_size`` 128 (o
 the selections of several index heads to ``g * topk`` blocks; fewer index heads than KV heads has no
 in-tree meaning), index value heads disabled on every
 sparse layer (``sparse_disable_index_value``: the released M3 has no ``index_v_proj``).
+
+Index keys are kept in the checkpoint's dtype, as SGLang keeps them, or in fp8 (``NVFP4_SPARSE_INDEX_KEYS=fp8``,
+:data:`INDEX_KEY_STORAGE`): 129 instead of 256 bytes a token and sparse layer, scored with their dequantized
+values (selections then differ from the in-tree ones where the rounding reorders blocks).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from .. import format as fmt
 from ..indexer import LearnedIndexer
 from ..indexer.learned import INDEX_DIM
 
+# NVFP4_SPARSE_INDEX_KEYS: how the learned indexer stores index keys; "model": the checkpoint's dtype (None here)
+INDEX_KEY_STORAGE = {"model": None, "fp8": torch.float8_e4m3fn}
+
 
 @dataclass(frozen=True)
 class M3Sparsity:
@@ -37,8 +44,8 @@ class M3Sparsity:
     topk: int  # sparse_topk_blocks
     init_blocks: int  # sparse_init_block: leading blocks always attended
     local_blocks: int  # sparse_local_block: trailing blocks always attended, the token's own included
-    key_dtype: torch.dtype = torch.bfloat16  # the checkpoint's torch_dtype (fp16 or else bf16): SGLang keeps
-    # index keys in the model dtype too (a --dtype override of the checkpoint's is not followed)
+    key_dtype: torch.dtype = torch.bfloat16  # the checkpoint's torch_dtype (fp16 or else bf16), as SGLang keeps
+    # index keys (a --dtype override of the checkpoint's is not followed), or fp8 (NVFP4_SPARSE_INDEX_KEYS)
 
     def indexer_kind(self, start_layer: int, num_layers: int, dense_layers=frozenset()) -> tuple[type, dict]:
         """The indexer of a rank's layers ``start_layer .. start_layer + num_layers - 1`` and its options (this
@@ -62,8 +69,9 @@ def _text_config(hf_config):
     return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
 
 
-def m3_sparsity(hf_config) -> M3Sparsity | None:
-    """``None`` for other models; for M3, its sparsity, or ``ValueError`` naming what is not supported."""
+def m3_sparsity(hf_config, index_keys: str = "model") -> M3Sparsity | None:
+    """``None`` for other models; for M3, its sparsity with index keys stored as ``index_keys`` says
+    (:data:`INDEX_KEY_STORAGE`), or ``ValueError`` naming what is not supported."""
     if not is_m3(hf_config):
         return None
     text = _text_config(hf_config)
@@ -101,5 +109,6 @@ def m3_sparsity(hf_config) -> M3Sparsity | None:
         raise ValueError(f"{where}: sparse_init_block={init}, sparse_local_block={local} do not fit "
                          f"sparse_topk_blocks={topk} (need init >= 0, local >= 1, init + local <= topk)")
     dtype = getattr(text, "torch_dtype", None) or getattr(hf_config, "torch_dtype", None)
-    key_dtype = torch.float16 if dtype in (torch.float16, "float16") else torch.bfloat16
+    key_dtype = INDEX_KEY_STORAGE[index_keys] or (torch.float16 if dtype in (torch.float16, "float16")
+                                                  else torch.bfloat16)
     return M3Sparsity(sparse, topk, init, local, key_dtype)
