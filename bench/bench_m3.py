@@ -15,7 +15,7 @@ Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in tha
   Decode: one step's selection and attention per layer as CUDA-graph replays (batch 1 and 8, 8K and 32K),
   with the block table as wide as SGLang's decode graphs make it for one_batch's context length.
   fp8 index keys (``NVFP4_SPARSE_INDEX_KEYS=fp8``) beside both: the same keys quantized
-  (:func:`sglang_nvfp4.indexer.learned.quantize_index_keys`), their selection time (prefill and decode), their
+  (:func:`sglang_nvfp4.indexer.fp8.quantize_rows`), their selection time (prefill and decode), their
   write, and the % of (head, token) block sets identical to the bf16 keys' and to the in-tree path's.
 * ``one_batch``: ``e2e_one_batch`` on ``m3``, ``--backends`` (default ``nvfp4_sparse triton``) at
   ``--input-lens`` x ``--batch-sizes``: prefill and decode throughput, KV capacity (``max_total_num_tokens``)
@@ -168,7 +168,7 @@ def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
 
     from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
-    from sglang_nvfp4.indexer.learned import quantize_index_keys
+    from sglang_nvfp4.indexer.fp8 import quantize_rows
     from sglang_nvfp4.kernels import triton_indexer as ti
     from sglang_nvfp4.kernels import triton_prefill
 
@@ -205,7 +205,7 @@ def kernel_case(t: int, gen: torch.Generator, sweep: bool = False) -> dict:
 
     ours_scores()
     ours_topk()
-    fp8_codes, fp8_exponents = quantize_index_keys(keys)
+    fp8_codes, fp8_exponents = quantize_rows(keys)
 
     def ours_fp8_select():
         return ti.select_learned_blocks(idx_q, fp8_codes, block_table, req, pos, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1,

@@ -14,7 +14,7 @@ from problems import shuffled_block_table
 from triton_interpreter import assert_module_passed, register_module
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.indexer import IndexKeys, LearnedIndexer, StateBytes, select_blocks_learned
-from sglang_nvfp4.indexer.learned import dequantize_index_keys, quantize_index_keys
+from sglang_nvfp4.indexer.fp8 import dequantize_rows, quantize_rows
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -94,19 +94,19 @@ def test_fp8_index_keys_hold_e4m3_codes_and_an_e8m0_exponent_per_key():
     rows[0, :4] = torch.tensor([3.0, -0.3, 0.0, 1e-3])  # largest 3: scaled by 2**6 into [128, 256)
     rows[1, 7] = 2.0**-125  # clamped: 2**126, exponent byte 1
     rows[2, 0] = -(2.0**100)  # 2**-93: exponent byte 220
-    codes, exponents = quantize_index_keys(rows)  # row 3: zero, exponent of the scale 2**8
+    codes, exponents = quantize_rows(rows)  # row 3: zero, exponent of the scale 2**8
     assert exponents.tolist() == [127 - 6, 1, 220, 127 - 8]
     # 192 = 1.5 * 2**7: 0 1110 100; -19.2 rounds to -20 = -1.25 * 2**4: 1 1011 010; 0.064 = 1.024 * 2**-4 -> 1.0:
     # 0 0011 000
     assert codes[0, :4].view(torch.uint8).tolist() == [0x74, 0xDA, 0x00, 0x18]
     assert codes[1, 7].view(torch.uint8).item() == 0x40 and codes[2, 0].view(torch.uint8).item() == 0xF0  # 2, -128
     assert codes[3].view(torch.uint8).eq(0).all()
-    back = dequantize_index_keys(codes, exponents)
+    back = dequantize_rows(codes, exponents)
     assert back[0, :4].tolist() == [3.0, -20 / 64, 0.0, 1 / 1024] and back[1, 7] == 2.0**-125
     assert back[2, 0] == -(2.0**100) and back[3].eq(0).all()
     # every value keeps E4M3's 4 significant bits (relative error <= 2**-4) down to 2**-13 of its key's largest
     keys = torch.randn(64, D) * torch.logspace(-30, 30, 64, base=2)[:, None]
-    err = (dequantize_index_keys(*quantize_index_keys(keys)) - keys).abs()
+    err = (dequantize_rows(*quantize_rows(keys)) - keys).abs()
     normal = keys.abs() >= keys.abs().amax(1, keepdim=True) * 2.0**-13
     assert (err[normal] <= keys.abs()[normal] * 2.0**-4).all()
 
@@ -188,7 +188,7 @@ def test_fp8_index_keys_are_stored_saved_and_restored_exactly():
     cache = fmt.alloc_cache(num_pages, 2)
     ix.on_kv_written(0, cache, slots, idx_k=idx_k)
     keys = ix.index_keys[0]
-    want = dequantize_index_keys(*quantize_index_keys(idx_k[:, 0]))
+    want = dequantize_rows(*quantize_rows(idx_k[:, 0]))
     assert torch.equal(keys.values(slots), want)
     assert keys.values(torch.tensor([6])).eq(0).all()  # never written: zero
     saved = ix.save_tokens(0, slots)
@@ -276,7 +276,7 @@ def check_fp8_key_arguments(device):
 
 
 def check_fp8_write(device):
-    # the write kernel against quantize_index_keys, bit for bit: zero, tiny (clamped), huge and subnormal-code
+    # the write kernel against quantize_rows, bit for bit: zero, tiny (clamped), huge and subnormal-code
     # keys, values halfway between E4M3 neighbours (ties to even), 37 keys (a partial program), shuffled slots;
     # slots outside the call keep their poison
     from sglang_nvfp4.kernels.triton_indexer import write_fp8_index_keys
@@ -294,7 +294,7 @@ def check_fp8_write(device):
         codes = torch.full((64, D), 0x7E, dtype=torch.uint8).view(FP8).to(device)  # 0x7E: 448, poison
         exponents = torch.full((64,), 255, dtype=torch.uint8, device=device)
         write_fp8_index_keys(codes, exponents, slots.to(device), idx_k.to(device))
-        want_codes, want_exponents = quantize_index_keys(idx_k)
+        want_codes, want_exponents = quantize_rows(idx_k)
         assert torch.equal(codes.cpu()[slots].view(torch.uint8), want_codes.view(torch.uint8)), dtype
         assert torch.equal(exponents.cpu()[slots], want_exponents), dtype
         untouched = torch.ones(64, dtype=torch.bool)
@@ -340,6 +340,6 @@ else:
         idx_k = torch.randn(9, 1, D, device="cuda").bfloat16()
         slots = torch.tensor([3, 200, 129, 7, 400, 8, 9, 10, 511], device="cuda")
         ix.on_kv_written(0, None, slots, idx_k=idx_k)
-        assert torch.equal(ix.index_keys[0].values(slots), dequantize_index_keys(*quantize_index_keys(idx_k[:, 0])))
+        assert torch.equal(ix.index_keys[0].values(slots), dequantize_rows(*quantize_rows(idx_k[:, 0])))
         check_kernel_in_token_chunks("cuda")
         check_decode_merge_steps("cuda")

@@ -10,6 +10,8 @@
   (MiniMax-M3's learned indexer), keeping the model's index keys per token slot.
 * :mod:`.proxy`: the training-free :class:`ProxyIndexer`, M3's scoring with the head-mean query against
   every cached key (no state of its own).
+* :mod:`.fp8`: the one fp8 rounding of both (E4M3 rows, each with a power-of-two scale): the proxy's fp8
+  queries, the learned indexer's fp8 index keys.
 
 Evaluation-only code (true attention mass per block, oracle selections) lives in
 :mod:`sglang_nvfp4.quality.block_mass`.

@@ -12,10 +12,9 @@ Index keys (:class:`IndexKeys`): one ``[slots, D]`` tensor per sparse layer, wri
 slots (``out_cache_loc``) with the main K/V, in the model dtype (``2 D`` bytes a token, as SGLang keeps them) or
 in fp8 (``D + 1`` bytes, ``NVFP4_SPARSE_INDEX_KEYS=fp8``): each key's E4M3 codes after scaling by the power of
 two that puts its largest magnitude in ``[128, 256)``, and that power's inverse as one E8M0 byte
-(:func:`quantize_index_keys`; E4M3 keeps 4 significant bits of every value whose magnitude is at least
-``2**-13`` of the key's largest, whatever the key's range). They follow the tokens: a radix-cache prefix or an
-earlier chunk keeps its slots, so its index keys are reused as they are; a move or an offload restore carries
-them (:meth:`LearnedIndexer.save_tokens` / ``restore_tokens``).
+(:func:`.fp8.quantize_rows`). They follow the tokens: a radix-cache prefix or an earlier chunk keeps its slots,
+so its index keys are reused as they are; a move or an offload restore carries them
+(:meth:`LearnedIndexer.save_tokens` / ``restore_tokens``).
 
 Scores (:func:`select_blocks_learned`), MiniMax-M3's in-tree semantics (SGLang 0.5.23,
 ``minimax_sparse/prefill/flash_with_topk_idx.py``, ``block_size_q = 1``, score type ``max``): token
@@ -41,42 +40,22 @@ import torch
 
 from .. import format as fmt
 from ..reference import check_token_metadata
+from .fp8 import E8M0_BIAS, dequantize_rows, quantize_rows
 from .protocol import StateBytes
 from .rules import check_index_values, check_selection_settings, forced_blocks, rank_blocks
 from .summary import resolve_impl
 
-__all__ = ["IndexKeys", "LearnedIndexer", "select_blocks_learned", "quantize_index_keys", "INDEX_DIM",
-           "INDEX_KEY_DTYPES"]
+__all__ = ["IndexKeys", "LearnedIndexer", "select_blocks_learned", "INDEX_DIM", "INDEX_KEY_DTYPES"]
 
 INDEX_DIM = 128  # the index head size the kernels are built for (MiniMax-M3's sparse_index_dim)
 MODEL_DTYPES = (torch.bfloat16, torch.float16)  # of idx_q / idx_k, and of index keys kept as the model gives them
 INDEX_KEY_DTYPES = (*MODEL_DTYPES, torch.float8_e4m3fn)  # fp8: E4M3 codes + one E8M0 exponent per key
 _SCORES_PER_CHUNK = 1 << 24  # token x head x key scores per chunk on the torch path
-_E8M0_BIAS = 127  # an E8M0 byte e stands for 2**(e - 127) (OCP MX scales; 255 is NaN, unused here)
-
-
-def quantize_index_keys(idx_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8 index keys of ``idx_k [N, D]`` (any float dtype): E4M3 codes ``[N, D]`` of ``k * 2**j`` (round to
-    nearest even), ``2**j`` taking the key's largest magnitude into ``[128, 256)`` (within E4M3's 448), and uint8
-    ``[N]`` E8M0 exponents ``127 - j`` of the inverse, so that ``codes * 2**(e - 127)`` are the stored values. A
-    zero key stores zero codes; ``j`` is clamped to ``[-127, 126]`` (exponent bytes 1..254; keys whose largest
-    magnitude is below ``2**-119`` keep fewer significant bits, nothing overflows). The write kernel on GPUs
-    (:func:`sglang_nvfp4.kernels.triton_indexer.write_fp8_index_keys`) gives the same bytes."""
-    k = idx_k.float()
-    _, exponent = torch.frexp(k.abs().amax(-1))  # largest magnitude in [2**(exponent-1), 2**exponent)
-    j = (8 - exponent).clamp(-127, 126)
-    codes = torch.ldexp(k, j[:, None]).to(torch.float8_e4m3fn)
-    return codes, (_E8M0_BIAS - j).to(torch.uint8)
-
-
-def dequantize_index_keys(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """fp32 values ``[N, D]`` of fp8 index keys (:func:`quantize_index_keys`): ``codes * 2**(e - 127)``, exact."""
-    return torch.ldexp(codes.float(), exponents.int()[:, None] - _E8M0_BIAS)
 
 
 class IndexKeys:
     """A layer's index keys, row = cache slot: ``keys [num_pages * 128, D]`` in ``dtype`` (bf16 by default), and
-    for fp8 (``torch.float8_e4m3fn``) ``exponents`` uint8 ``[num_pages * 128]`` (:func:`quantize_index_keys`;
+    for fp8 (``torch.float8_e4m3fn``) ``exponents`` uint8 ``[num_pages * 128]`` (:func:`.fp8.quantize_rows`;
     ``None`` otherwise)."""
 
     def __init__(self, num_pages: int, device=None, *, dtype: torch.dtype = torch.bfloat16, dim: int = INDEX_DIM):
@@ -84,7 +63,7 @@ class IndexKeys:
             raise ValueError(f"dtype: index keys are stored as {INDEX_KEY_DTYPES}, got {dtype}")
         slots = num_pages * fmt.PAGE_SIZE
         self.keys = torch.zeros(slots, dim, dtype=dtype, device=device)
-        self.exponents = torch.full((slots,), _E8M0_BIAS, dtype=torch.uint8, device=device) if self.fp8 else None
+        self.exponents = torch.full((slots,), E8M0_BIAS, dtype=torch.uint8, device=device) if self.fp8 else None
 
     @property
     def fp8(self) -> bool:
@@ -111,7 +90,7 @@ class IndexKeys:
 
             write_fp8_index_keys(self.keys, self.exponents, slots, idx_k.contiguous())
         elif self.fp8:
-            codes, exponents = quantize_index_keys(idx_k)
+            codes, exponents = quantize_rows(idx_k)
             self.keys.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))  # no fp8 index_copy_ on CPU
             self.exponents.index_copy_(0, slots, exponents)
         else:
@@ -121,7 +100,7 @@ class IndexKeys:
         """fp32 ``[N, D]``: the keys at ``slots [N]`` as scoring sees them (fp8: dequantized)."""
         slots = slots.long()
         if self.fp8:
-            return dequantize_index_keys(self.keys[slots], self.exponents[slots])
+            return dequantize_rows(self.keys[slots], self.exponents[slots])
         return self.keys[slots].float()
 
     def save(self, slots: torch.Tensor) -> torch.Tensor:

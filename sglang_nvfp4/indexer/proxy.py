@@ -31,6 +31,7 @@ import torch
 
 from .. import format as fmt
 from ..reference import check_queries, check_token_metadata
+from .fp8 import round_rows
 from .learned import select_by_max_pooled_keys
 from .protocol import StateBytes
 from .rules import check_index_values, check_selection_settings
@@ -44,12 +45,9 @@ FP8_KEY_FACTOR = 1 / 8  # keys (e2m1 * e4m3, at most 2688) times this fit E4M3 (
 
 def round_queries_fp8(queries: torch.Tensor) -> torch.Tensor:
     """fp32 ``queries [..., D]`` rounded to E4M3 per row: ``e4m3(q * 2**j) / 2**j`` (round to nearest even), ``2**j``
-    taking the row's largest magnitude into ``[128, 256)``; zero rows stay zero. The rule of the Triton kernel's
-    ``_fp8_query_rows``."""
-    q = queries.float()
-    _, exponent = torch.frexp(q.abs().amax(-1, keepdim=True))  # largest magnitude in [2**(e-1), 2**e)
-    scale = torch.ldexp(torch.ones_like(q[..., :1]), 8 - exponent)
-    return (q * scale).to(torch.float8_e4m3fn).float() / scale
+    taking the row's largest magnitude into ``[128, 256)`` (:func:`.fp8.round_rows`); zero rows stay zero. The rule of
+    the Triton kernel's ``_fp8_query_rows``."""
+    return round_rows(queries)
 
 
 def round_keys_fp8(keys: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@
   ``_merge_top_k`` and ``_store_top_k`` it shares with ``_select_kernel``).
 * :func:`write_fp8_index_keys` (``_write_fp8_index_keys_kernel``): the learned indexer's fp8 index keys, each
   key quantized and stored at its slot in one launch (the rule of
-  :func:`sglang_nvfp4.indexer.learned.quantize_index_keys`, bit for bit).
+  :func:`sglang_nvfp4.indexer.fp8.quantize_rows`, bit for bit).
 
 All are launched without host synchronisation (CUDA-graph safe) and take plain tensors; their
 arguments are checked by :mod:`sglang_nvfp4.indexer`. Under ``TRITON_INTERPRET=1`` they run on CPU
@@ -280,7 +280,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
     * index keys (``FROM_CACHE`` false; MiniMax-M3): rows are (token, index head) pairs, ``idx_q [T, HEADS,
       D]``, all sharing the index keys ``keys [slots, D]``; one KV-head program (``HKV`` 1). The keys are in
       ``idx_q``'s dtype (bf16/fp16), or with ``FP8_KEYS`` E4M3 codes and uint8 E8M0 exponents
-      ``key_exponents [slots]`` (:func:`sglang_nvfp4.indexer.learned.quantize_index_keys`): the codes convert to
+      ``key_exponents [slots]`` (:func:`sglang_nvfp4.indexer.fp8.quantize_rows`): the codes convert to
       ``idx_q``'s dtype exactly and each key's products are multiplied by its power of two, exactly;
     * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are (token, query group) pairs, ``idx_q``
       the aggregated queries ``[T, HKV * HEADS, 128]`` fp16 (``HEADS`` groups per KV head), ``keys`` the cache;
@@ -620,7 +620,7 @@ def write_fp8_index_keys(codes: torch.Tensor, exponents: torch.Tensor, slots: to
                          idx_k: torch.Tensor) -> None:
     """Quantize ``idx_k [N, D]`` (bf16/fp16/fp32, contiguous) into fp8 index keys: E4M3 ``codes [slots, D]`` and
     uint8 ``exponents [slots]`` at ``slots [N]`` (int32/int64), as
-    :func:`sglang_nvfp4.indexer.learned.quantize_index_keys` does (no host sync: CUDA-graph safe)."""
+    :func:`sglang_nvfp4.indexer.fp8.quantize_rows` does (no host sync: CUDA-graph safe)."""
     n, d = idx_k.shape
     if n:
         _write_fp8_index_keys_kernel[(triton.cdiv(n, FP8_WRITE_ROWS),)](

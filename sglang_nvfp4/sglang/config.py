@@ -20,7 +20,7 @@ variable                          default  meaning
 ``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16,
                                            256 bytes a token and sparse layer, as SGLang keeps them) or
                                            ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
-                                           :func:`sglang_nvfp4.indexer.learned.quantize_index_keys`)
+                                           :func:`sglang_nvfp4.indexer.fp8.quantize_rows`)
 ``NVFP4_SPARSE_DENSE_LAYERS``     (none)   comma-separated layer ids that attend every visible block
                                            (dense attention over the NVFP4 cache), or ``all``
 ``NVFP4_SPARSE_KERNEL``           (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
