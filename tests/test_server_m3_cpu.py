@@ -5,8 +5,8 @@ pool and hybrid backend: the NVFP4 pool holds every layer and the learned indexe
 of at most 16 blocks must give bit-identical answers to the same server attending every block
 (``NVFP4_SPARSE_DENSE_LAYERS=all``); longer ones must not (the selection is sparse there). A server with fp8
 index keys (``NVFP4_SPARSE_INDEX_KEYS=fp8``) answers the short prompts as the every-block one too, and serves a long
-prompt from its radix cache with the same answer. Unsupported M3 variants stop the launcher before any weight
-loads."""
+prompt from its radix cache with the same answer. At ``--tp-size 2`` (one KV head and one index head per rank) the
+same holds for short and long prompts. Unsupported M3 variants stop the launcher before any weight loads."""
 
 from __future__ import annotations
 
@@ -141,3 +141,26 @@ def test_fp8_index_keys_serve_short_prompts_unchanged_and_reuse_cached_keys(m3_d
         assert again["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]
         log = srv.log_tail(200_000)
     assert "Traceback" not in log, log[-4000:]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--tp-size 2 on the CPU needs 2 cores (one per rank)")
+def test_m3_at_tp_size_2_equals_every_block_attended_up_to_16_blocks(m3_dir, prompts, m3_server):
+    """Each rank holds one KV head, its index head and the index keys. SGLang's dummy weights differ between TP sizes
+    (each rank draws its own shard), so the reference is a --tp-size 2 server attending every block."""
+    m3_server.stop()  # one server at a time (its fixture stops it again at the end of the module: a no-op)
+    args = [*SERVER_ARGS, "--tp-size", "2"]
+    texts = [*prompts["short"][:2], prompts["long"][0]]
+    served = {}
+    for name, env in (("every_block", {"NVFP4_SPARSE_DENSE_LAYERS": "all"}), ("sparse", {})):
+        with LocalServer(m3_dir, "nvfp4_sparse", extra_args=args, env={**os.environ, **env}) as srv:
+            served[name] = [srv.generate(t, max_new_tokens=4, return_logprob=True, logprob_start_len=0) for t in texts]
+            log = srv.log_tail(500_000)
+        assert "Traceback" not in log, log[-4000:]
+        assert log.count("for 3 layers x 1 KV heads") == 2  # the pool of each rank
+    for got, want in zip(served["sparse"][:2], served["every_block"][:2]):
+        assert got["meta_info"]["prompt_tokens"] <= 16 * 128
+        assert got["output_ids"] == want["output_ids"]
+        assert got["meta_info"]["input_token_logprobs"] == want["meta_info"]["input_token_logprobs"]
+    long_sparse, long_every = served["sparse"][2]["meta_info"], served["every_block"][2]["meta_info"]
+    assert long_sparse["prompt_tokens"] > 16 * 128
+    assert long_sparse["input_token_logprobs"][16 * 128 + 1 :] != long_every["input_token_logprobs"][16 * 128 + 1 :]
