@@ -5,7 +5,7 @@ A row ``x [D]`` becomes E4M3 codes of ``x * 2**j`` (round to nearest even), ``2*
 into ``[128, 256)``, and one E8M0 byte ``e = 127 - j``; the stored row is ``codes * 2**(e - 127)``, exactly. E4M3
 then keeps 4 significant bits of every value whose magnitude is at least ``2**-13`` of the row's largest, whatever
 the row's range, and nothing comes near E4M3's 448. The Triton kernels follow the same rule
-(``sglang_nvfp4.kernels.triton_indexer``: ``_fp8_query_rows``, ``_write_fp8_index_keys_kernel``).
+(``sglang_nvfp4.kernels.triton_indexer._row_exponents``, which the fp8 query rows and the fp8 index-key write use).
 """
 
 from __future__ import annotations

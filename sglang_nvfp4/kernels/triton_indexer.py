@@ -345,9 +345,9 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
                 # No causal mask: keys past a row's position lie in the row's own block, which the rule always
                 # selects (forced), so its score never counts, and later blocks are not stored.
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
-                if FP8_KEYS:  # each key's power of two, from its E8M0 byte (exponent bits of an fp32 1.0 * 2**(e-127))
+                if FP8_KEYS:  # each key's power of two, from its E8M0 byte
                     exponent = tl.load(key_exponents_ptr + page * PAGE + keyrow).to(tl.int32)
-                    s = s * (exponent << 23).to(tl.float32, bitcast=True)[None, :]
+                    s = s * _power_of_two(exponent)[None, :]
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
             if FP8:  # max(c * s) = c * max(s) for c > 0: one product per block and row
                 score = score * row_unscale[:, None]
@@ -362,16 +362,31 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
 
 
 @triton.jit
+def _row_exponents(x):
+    """E8M0 bytes ``e`` (int32 ``[ROWS]``) of the rows of fp32 ``x [ROWS, D]``, the rule of
+    :func:`sglang_nvfp4.indexer.fp8.quantize_rows`: ``2**(127 - e)`` takes a row's largest magnitude into
+    ``[128, 256)``, from its fp32 exponent field ``b`` (``e = b - 7``, clamped to ``1..254``; 119 for a zero row, as
+    ``torch.frexp`` gives). Finite rows give ``e <= 247``."""
+    largest = tl.max(tl.abs(x), axis=1)
+    biased = (largest.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return tl.where(largest == 0, 119, tl.minimum(tl.maximum(biased - 7, 1), 254))
+
+
+@triton.jit
+def _power_of_two(e):
+    """fp32 ``2**(e - 127)`` of int32 ``e`` in ``1..254`` (an E8M0 byte's value), from the exponent bits."""
+    return (e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _fp8_query_rows(q):
     """fp16 queries ``[ROWS, D]`` -> E4M3 ``q * 2**j`` per row (round to nearest even) and fp32 ``[ROWS]`` factors
     that map a row's products with ``FP8_KEY_SCALE``-scaled key tiles back to fp16 tile units. ``2**j`` takes the
-    row's largest magnitude into ``[128, 256)``, inside E4M3's 448 (from the fp32 exponent bits, exactly as
-    :func:`sglang_nvfp4.indexer.proxy.round_queries_fp8`); a zero row keeps factor 1."""
+    row's largest magnitude into ``[128, 256)``, inside E4M3's 448 (:func:`_row_exponents`, the rule of
+    :func:`sglang_nvfp4.indexer.proxy.round_queries_fp8`)."""
     q = q.to(tl.float32)
-    biased = (tl.max(tl.abs(q), axis=1).to(tl.int32, bitcast=True) >> 23) & 0xFF  # largest magnitude's exponent
-    scale = tl.where(biased == 0, 1.0, ((261 - biased) << 23).to(tl.float32, bitcast=True))  # 2**(134 - biased)
-    unscale = tl.where(biased == 0, 1.0, ((biased - 7) << 23).to(tl.float32, bitcast=True))  # 1 / scale
-    return _to_e4m3(q * scale[:, None]), unscale / FP8_KEY_SCALE
+    exponent = _row_exponents(q)
+    return _to_e4m3(q * _power_of_two(254 - exponent)[:, None]), _power_of_two(exponent) / FP8_KEY_SCALE
 
 
 @triton.jit
@@ -598,21 +613,17 @@ FP8_WRITE_ROWS = 16  # keys per program of the fp8 index-key write
 @triton.jit
 def _write_fp8_index_keys_kernel(idx_k_ptr, slots_ptr, codes_ptr, exponents_ptr, num_keys,
                                  D: tl.constexpr, ROWS: tl.constexpr):
-    """Program (``ROWS`` keys): each key's E8M0 exponent byte ``e`` from its largest magnitude's fp32 exponent
-    field ``b`` (``e = b - 7``: ``2**(127 - e)`` takes the largest magnitude into ``[128, 256)``; clamped to
-    ``1..254``; 119 for a zero key, as ``torch.frexp`` gives), then E4M3 codes of ``k * 2**(127 - e)`` (exact
-    products, round to nearest even), stored at the key's slot."""
+    """Program (``ROWS`` keys): each key's E8M0 exponent byte ``e`` (:func:`_row_exponents`), then E4M3 codes of
+    ``k * 2**(127 - e)`` (exact products, round to nearest even), stored at the key's slot."""
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = row < num_keys
     dims = tl.arange(0, D)
     k = tl.load(idx_k_ptr + row.to(tl.int64)[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
     k = k.to(tl.float32)
-    largest = tl.max(tl.abs(k), axis=1)
-    biased = (largest.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    exponent = tl.where(largest == 0, 119, tl.minimum(tl.maximum(biased - 7, 1), 254))
-    scale = ((254 - exponent) << 23).to(tl.float32, bitcast=True)  # 2**(127 - e); e <= 247 for finite keys
+    exponent = _row_exponents(k)
     slot = tl.load(slots_ptr + row, mask=ok, other=0).to(tl.int64)
-    tl.store(codes_ptr + slot[:, None] * D + dims[None, :], _to_e4m3(k * scale[:, None]), mask=ok[:, None])
+    codes = _to_e4m3(k * _power_of_two(254 - exponent)[:, None])
+    tl.store(codes_ptr + slot[:, None] * D + dims[None, :], codes, mask=ok[:, None])
     tl.store(exponents_ptr + slot, exponent.to(tl.uint8), mask=ok)
 
 
