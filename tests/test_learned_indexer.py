@@ -18,7 +18,7 @@ from sglang_nvfp4.indexer.fp8 import dequantize_rows, quantize_rows
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=17, timeout=900)  # the torch tests run there too
+register_module(__file__, expected_passed=18, timeout=900)  # the torch tests run there too
 D = 128
 
 
@@ -303,7 +303,48 @@ def check_fp8_write(device):
     write_fp8_index_keys(codes, exponents, slots[:0].to(device), idx_k[:0].to(device))  # nothing to write
 
 
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from sglang_nvfp4.kernels.triton_indexer import _fp16_query_rows
+
+    @triton.jit
+    def _fp16_rows_kernel(x_ptr, out_ptr, unscale_ptr, ROWS: tl.constexpr, D: tl.constexpr):
+        offs = tl.arange(0, ROWS)[:, None] * D + tl.arange(0, D)[None, :]
+        q, unscale = _fp16_query_rows(tl.load(x_ptr + offs))
+        tl.store(out_ptr + offs, q)
+        tl.store(unscale_ptr + tl.arange(0, ROWS), unscale)
+
+
+def check_fp16_query_rows(device):
+    # The fp8-key score programs multiply fp16 codes with query rows scaled into fp16 by a power of two per row
+    # (_fp16_query_rows): hand-picked magnitudes, from 2**-116 (the scale clamped) to near bf16's largest, a zero row,
+    # and a row whose small elements fall below fp16's subnormals (rounded, by under 2**-39 of the row's largest)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(8, D, generator=gen)
+    x[4] = (1 + torch.rand(D, generator=gen)) * torch.randn(D, generator=gen).sign()  # no bf16 subnormal below
+    x *= torch.tensor([1.0, 2.0**100, 2.0**-100, 0.0, 2.0**-116, 1.0, 2.0**15, 2.0**124])[:, None]
+    x[5] = 2.0**-40  # below fp16's subnormals once the row's largest is in [2**14, 2**15)
+    x[5, 7] = -1.0
+    x = x.bfloat16()
+    out = torch.full((8, D), float("nan"), dtype=torch.float16, device=device)  # poison
+    unscale = torch.full((8,), float("nan"), device=device)
+    _fp16_rows_kernel[(1,)](x.to(device), out, unscale, ROWS=8, D=D)
+    out, unscale = out.cpu().float(), unscale.cpu()
+    back = out * unscale[:, None]
+    exact = [0, 1, 2, 3, 4, 6, 7]
+    assert torch.equal(back[exact], x.float()[exact])
+    assert torch.equal(unscale[3:5], torch.tensor([2.0**-15, 2.0**-126]))  # zero row; a tiny row's scale is clamped
+    largest = out.abs().amax(1)
+    assert ((largest >= 2**14) & (largest < 2**15))[[0, 1, 2, 5, 6, 7]].all()
+    assert torch.equal(back[5, 7], torch.tensor(-1.0)) and (back[5] - x[5].float()).abs().max() <= 2.0**-39
+
+
 if INTERPRETED:
+
+    def test_fp16_query_rows_scale_exactly():
+        check_fp16_query_rows("cpu")
 
     def test_fp8_index_key_write_kernel_matches_torch_bit_for_bit():
         check_fp8_write("cpu")
@@ -335,6 +376,7 @@ else:
         for continuous in (False, True):  # fp8 keys under bf16 queries (NVFP4_SPARSE_INDEX_KEYS=fp8)
             check_kernel_on_exact_ties("cuda", FP8, torch.bfloat16, continuous)
         check_fp8_key_arguments("cuda")
+        check_fp16_query_rows("cuda")
         check_fp8_write("cuda")
         ix = LearnedIndexer(1, 4, 1, "cuda", sparse_layers=(0,), key_dtype=FP8)  # the write path on a GPU: the kernel
         idx_k = torch.randn(9, 1, D, device="cuda").bfloat16()

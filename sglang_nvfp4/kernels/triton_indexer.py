@@ -280,8 +280,9 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
     * index keys (``FROM_CACHE`` false; MiniMax-M3): rows are (token, index head) pairs, ``idx_q [T, HEADS,
       D]``, all sharing the index keys ``keys [slots, D]``; one KV-head program (``HKV`` 1). The keys are in
       ``idx_q``'s dtype (bf16/fp16), or with ``FP8_KEYS`` E4M3 codes and uint8 E8M0 exponents
-      ``key_exponents [slots]`` (:func:`sglang_nvfp4.indexer.fp8.quantize_rows`): the codes convert to
-      ``idx_q``'s dtype exactly and each key's products are multiplied by its power of two, exactly;
+      ``key_exponents [slots]`` (:func:`sglang_nvfp4.indexer.fp8.quantize_rows`): the codes convert to fp16
+      exactly, the query rows to fp16 times a power of two per row (:func:`_fp16_query_rows`: exact but for
+      elements below 2**-31 of their row's largest), and each key's products are multiplied by its power of two;
     * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are (token, query group) pairs, ``idx_q``
       the aggregated queries ``[T, HKV * HEADS, 128]`` fp16 (``HEADS`` groups per KV head), ``keys`` the cache;
       program_id(2) is the KV head. Decoded tiles hold value / TILE_SCALE, a power of two, which changes no
@@ -315,6 +316,8 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
                     mask=in_range[:, None], other=0.0)
         if FP8:
             q, row_unscale = _fp8_query_rows(q)
+        if FP8_KEYS:
+            q, row_unscale = _fp16_query_rows(q)
         one_request = _one_request(req, in_range)  # one pass; else one pass per token
         passes = tl.where(one_request, 1, tl.minimum(TOKENS, num_tokens - tile * TOKENS))
         for p in range(0, passes):
@@ -339,7 +342,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
                     page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
                     k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
                     if FP8_KEYS:
-                        k = k.to(q.dtype)
+                        k = k.to(tl.float16)  # exact, and one unpacking instruction per two codes
                 if FP8:
                     k = _to_e4m3(k * FP8_KEY_SCALE)  # tile values are at most 42: no saturation
                 # No causal mask: keys past a row's position lie in the row's own block, which the rule always
@@ -349,7 +352,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
                     exponent = tl.load(key_exponents_ptr + page * PAGE + keyrow).to(tl.int32)
                     s = s * _power_of_two(exponent)[None, :]
                 score = tl.where(col[None, :] == b - first, tl.max(s, axis=1)[:, None], score)
-            if FP8:  # max(c * s) = c * max(s) for c > 0: one product per block and row
+            if FP8 or FP8_KEYS:  # max(c * s) = c * max(s) for c > 0: one product per block and row
                 score = score * row_unscale[:, None]
             block = first + col
             if MAX_OVER_HEADS:
@@ -376,6 +379,20 @@ def _row_exponents(x):
 def _power_of_two(e):
     """fp32 ``2**(e - 127)`` of int32 ``e`` in ``1..254`` (an E8M0 byte's value), from the exponent bits."""
     return (e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp16_query_rows(q):
+    """bf16/fp16 queries ``[ROWS, D]`` -> fp16 ``q * 2**j`` per row, and the fp32 ``2**-j`` ``[ROWS]`` that map the
+    row's products back. ``2**j`` takes the row's largest magnitude into ``[2**14, 2**15)`` (:func:`_row_exponents`
+    rule, 2**7 higher), so a bf16 element of at least 2**-31 of it keeps its 8 significant bits (fp16's subnormals
+    step by 2**-24); a smaller one moves by under 2**-39 of the largest. The products with the fp16 key codes are
+    exact in fp32, as bf16 products are. Why fp16: on sm_90 E4M3 codes convert to fp16 in one instruction per two,
+    to bf16 only through fp16 and one more conversion per value (SASS of Triton 3.6: 96 instead of 32 per thread and
+    key tile); with bf16, fp8 keys' prefill scores took twice as long as bf16 keys' on the H200 (m3_h200.md)."""
+    exponent = _row_exponents(q.to(tl.float32))  # 1..247 for finite rows: 2**j = 2**(134 - exponent), at most 2**126
+    return (q.to(tl.float32) * _power_of_two(tl.minimum(261 - exponent, 253))[:, None]).to(tl.float16), \
+        _power_of_two(tl.maximum(exponent - 7, 1))
 
 
 @triton.jit
