@@ -390,8 +390,9 @@ def _fp16_query_rows(q):
     exact in fp32, as bf16 products are. Why fp16: on sm_90 E4M3 codes convert to fp16 in one instruction per two,
     to bf16 only through fp16 and one more conversion per value (SASS of Triton 3.6: 96 instead of 32 per thread and
     key tile); with bf16, fp8 keys' prefill scores took twice as long as bf16 keys' on the H200 (m3_h200.md)."""
-    exponent = _row_exponents(q.to(tl.float32))  # 1..247 for finite rows: 2**j = 2**(134 - exponent), at most 2**126
-    return (q.to(tl.float32) * _power_of_two(tl.minimum(261 - exponent, 253))[:, None]).to(tl.float16), \
+    q = q.to(tl.float32)
+    exponent = _row_exponents(q)  # 1..247 for finite rows: 2**j = 2**(134 - exponent), at most 2**126
+    return (q * _power_of_two(tl.minimum(261 - exponent, 253))[:, None]).to(tl.float16), \
         _power_of_two(tl.maximum(exponent - 7, 1))
 
 
