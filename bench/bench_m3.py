@@ -21,9 +21,9 @@ Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in tha
   ``--input-lens`` x ``--batch-sizes``: prefill and decode throughput, KV capacity (``max_total_num_tokens``)
   at the same ``--mem-fraction-static``. The children inherit the environment: ``NVFP4_SPARSE_INDEX_KEYS=fp8``
   gives ``nvfp4_sparse`` fp8 index keys (recorded as ``index_keys``; the in-tree path ignores it).
-* ``server``: ``e2e_server`` on ``m3``: a real server per backend, short prompts (every block selected: only
-  NVFP4 storage differs) with first-token and logprob agreement, a long prompt, a radix hit, batch
-  invariance.
+* ``server``: ``e2e_server`` on ``m3``: a real server per backend, ``--short-prompts`` short prompts (every
+  block selected: only NVFP4 storage differs) with first-token agreement (95% Wilson interval), logprob
+  deltas and the in-tree path's top-1/top-2 margins, a long prompt, a radix hit, batch invariance.
 
 ``summary``: ``prefill_speedup_32k`` / ``prefill_speedup_128k`` (batch 1), ``decode_speedup_32k`` (batch 8),
 ``capacity_ratio`` (nvfp4_sparse over the in-tree path), ``selection_identical``, and the per-layer breakdown.
@@ -74,8 +74,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sglang-args", default="")
     ap.add_argument("--run-timeout", type=float, default=200.0)
     ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument("--short-prompts", type=int, default=256,
+                    help="server step: short prompts per backend (every block selected), for first-token "
+                         "agreement with a 95%% interval")
     args = ap.parse_args(argv)
     args.steps = [s for s in args.steps.split(",") if s]
+    if args.short_prompts < 1:
+        ap.error(f"--short-prompts must be at least 1, got {args.short_prompts}")
     if set(args.steps) - set(STEPS):
         ap.error(f"--steps: unknown {sorted(set(args.steps) - set(STEPS))}")
     args.models, args.torch_native_max_tokens = [MODEL], 0
@@ -413,7 +418,8 @@ def main(argv=None) -> None:
             bench.save()
         if "server" in args.steps:
             model = dummy_model(bench.out_dir, MODEL, 16384)
-            e2e_server.run_step(bench, args.backends, model=model, extra_args=["--load-format", "dummy"])
+            e2e_server.run_step(bench, args.backends, model=model, extra_args=["--load-format", "dummy"],
+                                short_prompts=args.short_prompts)
     finally:
         bench.stop_children()
         bench.results["wall_s"] = bench.spent()

@@ -1,7 +1,8 @@
 """``server`` step of bench_e2e: a real SGLang server per backend on a tiny random-weight model (16 query /
-1 KV head, head_dim 128; decode CUDA graphs on): 8 short prompts (<= 16 blocks, dense-equivalent: first
-greedy token and logprob agreement with every dense backend served, and of the dense backends with each
-other, the noise between dense implementations), one long prompt (more blocks than TOPK), two prompts
+1 KV head, head_dim 128; decode CUDA graphs on): ``short_prompts`` short prompts (default 8; <= 16 blocks,
+dense-equivalent: first greedy token and logprob agreement with every dense backend served, and of the dense
+backends with each other, the noise between dense implementations; each first token's top-2 logprobs give the
+margin a disagreement had to cross), one long prompt (more blocks than TOPK), two prompts
 sharing a prefix (radix hit), per-request latency, and batch invariance: ``INVARIANCE_PROMPTS`` greedy requests
 one at a time, then all at once, each round from an empty radix cache (``batch_invariance``: how many
 continuations came out identical). Results go to ``e2e.json`` under ``server``.
@@ -19,21 +20,25 @@ from harness import COMMON_SERVER_ARGS, BenchRun, log
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text
 
 MIN_SECONDS_LEFT = 150  # a backend's server is started only with this much of the budget left
+SHORT_PROMPTS = 8
 INVARIANCE_PROMPTS, INVARIANCE_TOKENS = 12, 128
 
 
-def _prompts() -> list[tuple[str, str]]:
-    """(name, text) of every request, the same for every backend."""
+def _prompts(short_prompts: int = SHORT_PROMPTS) -> list[tuple[str, str]]:
+    """(name, text) of every request, the same for every backend. The first 8 short prompts, the long one and
+    the prefix pair are those of every earlier run, whatever ``short_prompts`` is; more short prompts follow."""
     rng = random.Random(0)
-    short = [random_text(rng, rng.randint(50, 1800)) for _ in range(8)]
+    short = [random_text(rng, rng.randint(50, 1800)) for _ in range(min(short_prompts, 8))]
     long_text = random_text(rng, 6000)
     prefix = random_text(rng, 2500)
+    short += [random_text(rng, rng.randint(50, 1800)) for _ in range(short_prompts - len(short))]
     return [*(("short", s) for s in short), ("long", long_text),
             ("prefix_a", prefix + " key value"), ("prefix_b", prefix + " page block")]
 
 
 def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict, extra_args=()) -> None:
-    """One server of ``backend``: every prompt alone, greedy, 16 tokens with logprobs; fills ``entry``.
+    """One server of ``backend``: every prompt alone, greedy, 16 tokens with logprobs (short prompts: the top 2
+    at each position too, ``first_top2_margin`` is the first token's); fills ``entry``.
     A failure is recorded in ``entry`` with the requests answered before it."""
     log(f"server {backend}: starting")
     t0 = time.perf_counter()
@@ -44,14 +49,19 @@ def _serve(bench: BenchRun, model: str, backend: str, prompts: list, entry: dict
             entry.update(startup_s=time.perf_counter() - t0, requests=rows)
             for name, text in prompts:
                 t1 = time.perf_counter()
-                r = srv.post("/generate", {"text": text, "return_logprob": True,
-                                           "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}},
-                             timeout=bench.capped(120.0, floor=10.0))
+                request = {"text": text, "return_logprob": True,
+                           "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}}
+                if name == "short":
+                    request["top_logprobs_num"] = 2
+                r = srv.post("/generate", request, timeout=bench.capped(120.0, floor=10.0))
                 meta = r["meta_info"]
                 rows.append({"name": name, "latency_s": time.perf_counter() - t1,
                              "prompt_tokens": meta["prompt_tokens"], "cached_tokens": meta["cached_tokens"],
                              "tokens": [t[1] for t in meta["output_token_logprobs"]],
                              "logprobs": [t[0] for t in meta["output_token_logprobs"]]})
+                if name == "short":
+                    (top1, *_), (top2, *_) = meta["output_top_logprobs"][0][:2]
+                    rows[-1]["first_top2_margin"] = top1 - top2
                 log(f"  {backend} {name}: {meta['prompt_tokens']} tokens, cached {meta['cached_tokens']}, "
                     f"{rows[-1]['latency_s']:.3f} s")
             entry["batch_invariance"] = _alone_vs_together(srv, bench)
@@ -83,12 +93,13 @@ def _alone_vs_together(srv, bench: BenchRun) -> dict:
     return {"identical": same, "requests": len(prompts), "new_tokens": INVARIANCE_TOKENS}
 
 
-def run_step(bench: BenchRun, backends: list, model: str | None = None, extra_args=()) -> None:
+def run_step(bench: BenchRun, backends: list, model: str | None = None, extra_args=(),
+             short_prompts: int = SHORT_PROMPTS) -> None:
     """Serve every backend of ``backends`` in turn (while the budget allows), saving after each; ``model``
     (default: the tiny model above) and ``extra_args`` (e.g. ``--load-format dummy``) for other models."""
     results = bench.results.setdefault("server", {})
     model = model or make_tiny_model(bench.path("tiny"), kv_heads=1, layers=2)
-    prompts = _prompts()
+    prompts = _prompts(short_prompts)
     for backend in backends:
         reason = bench.skip_reason(f"server {backend}", MIN_SECONDS_LEFT)
         if reason:

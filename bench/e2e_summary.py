@@ -6,6 +6,8 @@ flatter the plugin.
 
 from __future__ import annotations
 
+from sglang_nvfp4.quality.stats import wilson_interval
+
 OURS = "nvfp4_sparse"
 ONE_BATCH_PHASES = (("prefill", "prefill_throughput"), ("decode", "median_decode_throughput"))
 OFFLINE_KEYS = ("total_throughput", "output_throughput", "input_throughput")
@@ -64,15 +66,30 @@ def offline_summary(offline: dict, ours: str = OURS) -> dict:
 
 
 def short_prompt_agreement(a: list, b: list) -> dict:
-    """Two backends' answers to the same short prompts (every block selected): first greedy token, its
-    logprob, all tokens."""
+    """Two backends' answers to the same short prompts (every block selected): first greedy token (with a 95%
+    Wilson interval), its logprob, all tokens. Where ``b``'s answers carry ``first_top2_margin`` (its top-1
+    minus top-2 logprob), the margins too: a first token can flip only where the margin is about as small as
+    the logprob deltas (random weights make near-ties), so each disagreement is listed with its margin."""
     pairs = [(x, y) for x, y in zip(a, b) if x["name"] == "short" and y["name"] == "short"]
-    return {
+    equal = sum(x["tokens"][0] == y["tokens"][0] for x, y in pairs)
+    agreement = {
         "short_prompts": len(pairs),
-        "short_first_token_equal": sum(x["tokens"][0] == y["tokens"][0] for x, y in pairs),
+        "short_first_token_equal": equal,
+        "short_first_token_equal_ci95": wilson_interval(equal, len(pairs)),
         "short_first_logprob_abs_delta": [abs(x["logprobs"][0] - y["logprobs"][0]) for x, y in pairs],
         "short_all_tokens_equal": sum(x["tokens"] == y["tokens"] for x, y in pairs),
     }
+    margins = [y["first_top2_margin"] for _, y in pairs if "first_top2_margin" in y]
+    if pairs and len(margins) == len(pairs):
+        deltas = agreement["short_first_logprob_abs_delta"]
+        agreement.update(
+            short_first_top2_margin_min=min(margins),
+            short_first_top2_margin_median=sorted(margins)[len(margins) // 2],
+            short_margins_below_max_delta=sum(m < max(deltas) for m in margins),
+            short_first_token_disagreements=[
+                {"prompt": i, "margin": m, "logprob_abs_delta": d}
+                for i, ((x, y), m, d) in enumerate(zip(pairs, margins, deltas)) if x["tokens"][0] != y["tokens"][0]])
+    return agreement
 
 
 def server_agreement(server: dict, ours: str = OURS) -> dict:

@@ -69,3 +69,30 @@ def test_server_agreement_pairs_ours_with_every_dense_backend_and_dense_with_den
     assert agreement["nvfp4_sparse~triton"]["short_first_logprob_abs_delta"] == [0.25] * 3
     assert agreement["nvfp4_sparse~flashinfer"]["short_all_tokens_equal"] == 3
     assert agreement["flashinfer~triton"]["short_prompts"] == 3
+
+
+def test_short_prompt_agreement_lists_each_disagreement_with_the_reference_margin():
+    def answers(first_tokens, logprobs, margins=None):
+        rows = [{"name": "short", "tokens": [t], "logprobs": [lp]} for t, lp in zip(first_tokens, logprobs)]
+        for row, m in zip(rows, margins or []):
+            row["first_top2_margin"] = m
+        return rows
+
+    ours = answers([5, 6, 9, 8], [-1.0, -2.0, -3.5, -4.0])
+    dense = answers([5, 6, 7, 8], [-1.5, -2.0, -3.0, -4.0], margins=[2.0, 0.75, 0.25, 0.5])
+    a = e2e_summary.short_prompt_agreement(ours, dense)
+    assert a["short_first_token_equal"] == 3
+    lo, hi = a["short_first_token_equal_ci95"]
+    assert 0.29 < lo < 0.31 and 0.95 < hi < 0.96  # Wilson, 3 of 4
+    assert a["short_first_top2_margin_min"] == 0.25 and a["short_first_top2_margin_median"] == 0.75
+    assert a["short_margins_below_max_delta"] == 1  # the largest delta is 0.5: only the margin 0.25 is below it
+    assert a["short_first_token_disagreements"] == [{"prompt": 2, "margin": 0.25, "logprob_abs_delta": 0.5}]
+    assert "short_first_top2_margin_min" not in e2e_summary.short_prompt_agreement(ours, answers([5], [-1.0]))
+
+
+def test_more_short_prompts_keep_every_earlier_request():
+    import e2e_server
+
+    default, more = e2e_server._prompts(), e2e_server._prompts(64)
+    assert [n for n, _ in more].count("short") == 64 and len({t for _, t in more}) == len(more)
+    assert more[:8] == default[:8] and more[64:] == default[8:]
