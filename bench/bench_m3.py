@@ -89,10 +89,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---- kernels ---------------------------------------------------------------------------------------------
 # Launch variants of the learned indexer's two prefill stages timed by --score-sweep, the first of each the default:
-# scores (tokens per program, blocks per program, warps, pipeline stages; None = Triton's default) and top-k
-# (tokens per program, blocks per merge step, warps).
-SCORE_VARIANTS = ((32, 16, 8, 2), (64, 16, 8, 2), (64, 16, 4, 2), (32, 16, 8, None), (32, 32, 8, 2), (16, 16, 8, 2),
-                  (32, 16, 4, None))
+# scores (tokens per program, blocks per program, warps, pipeline stages, registers per thread; None = Triton's
+# default) and top-k (tokens per program, blocks per merge step, warps). The default's bf16 build takes 129
+# registers on sm_90 (Triton 3.6), one CTA of 8 warps per SM; capped at 128 it takes 121 without spilling, and two
+# CTAs (96 KB of shared memory each) fit on an SM.
+SCORE_VARIANTS = ((32, 16, 8, 2, None), (32, 16, 8, 2, 128), (64, 16, 8, 2, None), (64, 16, 4, 2, None),
+                  (32, 16, 8, None, None), (32, 32, 8, 2, None), (16, 16, 8, 2, None), (32, 16, 4, None, None))
 TOPK_VARIANTS = ((32, 16, 4), (32, 32, 4), (16, 16, 4), (32, 8, 4))
 
 
@@ -113,12 +115,12 @@ def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list,
                 for c0, n in ti.learned_score_chunks(t, INDEX_HEADS, cols, tokens)]
 
     def chain(score_variant, topk_variant):
-        tokens, blocks, warps, stages = score_variant
+        tokens, blocks, warps, stages, registers = score_variant
         sel_tokens, step, sel_warps = topk_variant
         for c0, n, scores in chunk_views(tokens):
             part = slice(c0, c0 + n)
             ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
-                                    num_warps=warps, num_stages=stages)
+                                    num_warps=warps, num_stages=stages, max_registers=registers)
             ti.select_scored_blocks(scores, pos[part], ids, c0, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, sel_tokens,
                                     step, num_warps=sel_warps)
 
@@ -127,21 +129,21 @@ def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list,
 
     score_rows, topk_rows = [], []
     for variant in SCORE_VARIANTS:
-        tokens, blocks, warps, stages = variant
+        tokens, blocks, warps, stages, registers = variant
         views = chunk_views(tokens)
+        launch = dict(tokens=tokens, blocks=blocks, warps=warps, stages=stages, max_registers=registers)
 
         def scores_only():
             for c0, n, scores in views:
                 part = slice(c0, c0 + n)
                 ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
-                                        num_warps=warps, num_stages=stages)
+                                        num_warps=warps, num_stages=stages, max_registers=registers)
         try:
             chain(variant, TOPK_VARIANTS[0])
             same = identical().item()
-            score_rows.append(dict(tokens=tokens, blocks=blocks, warps=warps, stages=stages, identical=same,
-                                   ms=bench_ms(scores_only)))
+            score_rows.append(dict(launch, identical=same, ms=bench_ms(scores_only)))
         except Exception as exc:  # e.g. out of shared memory or registers: recorded, the sweep goes on
-            score_rows.append(dict(tokens=tokens, blocks=blocks, warps=warps, stages=stages, error=repr(exc)[:300]))
+            score_rows.append(dict(launch, error=repr(exc)[:300]))
         log(f"  scores {variant}: {score_rows[-1]}")
     views = chunk_views(SCORE_VARIANTS[0][0])
     for variant in TOPK_VARIANTS:

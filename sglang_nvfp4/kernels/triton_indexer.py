@@ -488,11 +488,11 @@ def learned_score_chunks(num_tokens: int, heads: int, cols: int, tokens: int,
 
 def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int, blocks: int, *,
                          key_exponents: torch.Tensor | None = None, num_warps: int | None = None,
-                         num_stages: int | None = None) -> None:
+                         num_stages: int | None = None, max_registers: int | None = None) -> None:
     """Block scores of the tokens of ``idx_q [n, Hi, D]`` (contiguous; the dtype of ``keys``, or bf16/fp16 for fp8
     keys with their ``key_exponents``), ``req`` and ``pos [n]``, into ``scores`` fp32 ``[Hi, n, S]`` (visible
-    blocks only; contiguous). ``num_warps`` and ``num_stages`` override the launch defaults (``bench/bench_m3.py``
-    sweeps them)."""
+    blocks only; contiguous). ``num_warps``, ``num_stages`` and ``max_registers`` (per thread, CUDA's ``maxnreg``)
+    override the launch defaults (``bench/bench_m3.py`` sweeps them)."""
     n, heads, d = idx_q.shape
     if not (scores.is_contiguous() and idx_q.is_contiguous() and keys.is_contiguous()):
         raise ValueError("learned_block_scores: idx_q, keys and scores must be contiguous")
@@ -509,6 +509,7 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False,
         MAX_OVER_HEADS=False, FP8=False, FP8_KEYS=fp8_keys, USE_PTX=False, PREFETCH=False,
         num_warps=num_warps or (4 if rows <= 64 else 8), **({"num_stages": num_stages} if num_stages else {}),
+        **({"maxnreg": max_registers} if max_registers else {}),
     )
 
 
