@@ -20,15 +20,15 @@ from harness import COMMON_SERVER_ARGS, BenchRun, log
 from sglang_nvfp4.tiny_model import make_tiny_model, random_text
 
 MIN_SECONDS_LEFT = 150  # a backend's server is started only with this much of the budget left
-SHORT_PROMPTS = 8
+SHORT_PROMPTS = 8  # the short prompts of every run before --short-prompts, which come first in any run
 INVARIANCE_PROMPTS, INVARIANCE_TOKENS = 12, 128
 
 
 def _prompts(short_prompts: int = SHORT_PROMPTS) -> list[tuple[str, str]]:
-    """(name, text) of every request, the same for every backend. The first 8 short prompts, the long one and
-    the prefix pair are those of every earlier run, whatever ``short_prompts`` is; more short prompts follow."""
+    """(name, text) of every request, the same for every backend. The first ``SHORT_PROMPTS`` short prompts, the
+    long one and the prefix pair are those of every earlier run, whatever ``short_prompts`` is; more follow."""
     rng = random.Random(0)
-    short = [random_text(rng, rng.randint(50, 1800)) for _ in range(min(short_prompts, 8))]
+    short = [random_text(rng, rng.randint(50, 1800)) for _ in range(min(short_prompts, SHORT_PROMPTS))]
     long_text = random_text(rng, 6000)
     prefix = random_text(rng, 2500)
     short += [random_text(rng, rng.randint(50, 1800)) for _ in range(short_prompts - len(short))]

@@ -82,10 +82,11 @@ def short_prompt_agreement(a: list, b: list) -> dict:
     margins = [y["first_top2_margin"] for _, y in pairs if "first_top2_margin" in y]
     if pairs and len(margins) == len(pairs):
         deltas = agreement["short_first_logprob_abs_delta"]
+        largest_delta = max(deltas)
         agreement.update(
             short_first_top2_margin_min=min(margins),
             short_first_top2_margin_median=sorted(margins)[len(margins) // 2],
-            short_margins_below_max_delta=sum(m < max(deltas) for m in margins),
+            short_margins_below_max_delta=sum(m < largest_delta for m in margins),
             short_first_token_disagreements=[
                 {"prompt": i, "margin": m, "logprob_abs_delta": d}
                 for i, ((x, y), m, d) in enumerate(zip(pairs, margins, deltas)) if x["tokens"][0] != y["tokens"][0]])
