@@ -114,33 +114,33 @@ def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list,
         return [(c0, n, flat[: INDEX_HEADS * n * cols].view(INDEX_HEADS, n, cols))
                 for c0, n in ti.learned_score_chunks(t, INDEX_HEADS, cols, tokens)]
 
-    def chain(score_variant, topk_variant):
+    def score_chunk(score_variant, c0, n, scores):
         tokens, blocks, warps, stages, registers = score_variant
-        sel_tokens, step, sel_warps = topk_variant
-        for c0, n, scores in chunk_views(tokens):
-            part = slice(c0, c0 + n)
-            ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
-                                    num_warps=warps, num_stages=stages, max_registers=registers)
-            ti.select_scored_blocks(scores, pos[part], ids, c0, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, sel_tokens,
-                                    step, num_warps=sel_warps)
+        part = slice(c0, c0 + n)
+        ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
+                                num_warps=warps, num_stages=stages, max_registers=registers)
 
-    def identical():
-        return (torch.sort(ids, dim=-1).values == torch.sort(expected_ids, dim=-1).values).all(dim=-1).float().mean()
+    def select_chunk(topk_variant, c0, n, scores):
+        sel_tokens, step, sel_warps = topk_variant
+        ti.select_scored_blocks(scores, pos[c0 : c0 + n], ids, c0, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1, sel_tokens,
+                                step, num_warps=sel_warps)
+
+    def chain(score_variant, topk_variant):
+        for c0, n, scores in chunk_views(score_variant[0]):
+            score_chunk(score_variant, c0, n, scores)
+            select_chunk(topk_variant, c0, n, scores)
 
     score_rows, topk_rows = [], []
     for variant in SCORE_VARIANTS:
-        tokens, blocks, warps, stages, registers = variant
-        views = chunk_views(tokens)
-        launch = dict(tokens=tokens, blocks=blocks, warps=warps, stages=stages, max_registers=registers)
+        views = chunk_views(variant[0])
+        launch = dict(zip(("tokens", "blocks", "warps", "stages", "max_registers"), variant))
 
         def scores_only():
             for c0, n, scores in views:
-                part = slice(c0, c0 + n)
-                ti.learned_block_scores(idx_q[part], keys, block_table, req[part], pos[part], scores, tokens, blocks,
-                                        num_warps=warps, num_stages=stages, max_registers=registers)
+                score_chunk(variant, c0, n, scores)
         try:
             chain(variant, TOPK_VARIANTS[0])
-            same = identical().item()
+            same = identical_sets(ids, expected_ids)
             score_rows.append(dict(launch, identical=same, ms=bench_ms(scores_only)))
         except Exception as exc:  # e.g. out of shared memory or registers: recorded, the sweep goes on
             score_rows.append(dict(launch, error=repr(exc)[:300]))
@@ -151,11 +151,10 @@ def score_sweep(idx_q, keys, block_table, req, pos, expected_ids) -> tuple[list,
 
         def topk_only():  # per chunk as in the chain; the one buffer holds the last chunk's scores (same masks)
             for c0, n, scores in views:
-                ti.select_scored_blocks(scores, pos[c0 : c0 + n], ids, c0, TOPK, INIT_BLOCKS, LOCAL_BLOCKS - 1,
-                                        sel_tokens, step, num_warps=sel_warps)
+                select_chunk(variant, c0, n, scores)
         try:
             chain(SCORE_VARIANTS[0], variant)
-            same = identical().item()
+            same = identical_sets(ids, expected_ids)
             topk_rows.append(dict(tokens=sel_tokens, step=step, warps=sel_warps, identical=same, ms=bench_ms(topk_only)))
         except Exception as exc:
             topk_rows.append(dict(tokens=sel_tokens, step=step, warps=sel_warps, error=repr(exc)[:300]))
