@@ -17,13 +17,13 @@ variable                          default  meaning
                                            ``all``: every query head is one
 ``NVFP4_SPARSE_PROXY_PRECISION``  fp8      ``proxy`` only: operands of its score products, ``fp8`` or
                                            ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
-``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16,
+``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16 or fp16,
                                            256 bytes a token and sparse layer, as SGLang keeps them) or
                                            ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
                                            :func:`sglang_nvfp4.indexer.fp8.quantize_rows`)
 ``NVFP4_SPARSE_DENSE_LAYERS``     (none)   comma-separated layer ids that attend every visible block
                                            (dense attention over the NVFP4 cache), or ``all``
-``NVFP4_SPARSE_KERNEL``           (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill) or
+``NVFP4_SPARSE_KERNEL``           (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill and decode) or
                                            ``flydsl`` kernels; validated here, read by the pool's cache
                                            writer at start-up and by the kernel dispatcher when a forward
                                            is planned
