@@ -4,7 +4,8 @@
 
 Each tree is imported in its own child process (``PYTHONPATH`` = the tree), which times a fixed set
 of cases through the public API only (``kernels.sparse_prefill`` / ``sparse_decode`` / ``write_kv``,
-``indexer.BlockSummaries`` / ``select_blocks``: the same positional arguments in both trees), each
+``indexer.BlockSummaries`` / ``select_blocks``, the default indexer as the server builds it:
+``SparseConfig().build_indexer`` then ``select``; the same arguments in both trees), each
 replayed from a CUDA graph (no launch gaps, no Python overhead) after an untimed compile-and-warm run,
 median of ``triton.testing.do_bench``. The trees alternate ``--rounds`` times (base, new, base, new,
 ...) so that clock drift hits both; per case the report takes the median over rounds and the ratio
@@ -14,7 +15,9 @@ inputs are identical (fixed seeds), so equal hashes mean bit-identical results.
 Cases: prefill at T = ``--prefill-t`` (one request), 64 query / 4 KV heads with per-token random
 top-16, top-16 shared by runs of 8 tokens, and the indexer's own selection; 16/1 random; decode at
 ``--decode-ctx`` context, batch 32 and 256, random top-16; the cache write of ``--prefill-t`` tokens;
-the indexer's summary update and selection at ``--prefill-t``.
+the quest indexer's summary update and selection at ``--prefill-t``; the default indexer's selection (what a
+server builds with no ``NVFP4_SPARSE_*`` variable set: top-16 ``proxy`` over every query head, fp8 products) in
+that prefill and in both decode batches.
 Writes ``DIR/regression.json`` and ``DIR/regression.md``.
 """
 
@@ -61,6 +64,7 @@ def measure(args) -> dict:
     from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
     from sglang_nvfp4.indexer import BlockSummaries, select_blocks
+    from sglang_nvfp4.sglang.config import SparseConfig
 
     dev = args.device
     results = {}
@@ -104,6 +108,12 @@ def measure(args) -> dict:
         ids = torch.cat(out, dim=1)
         return torch.nn.functional.pad(ids, (0, width - ids.shape[2]), value=-1).contiguous()
 
+    def default_selection(name, q, cache, table, req, pos):
+        """Times the selection of the indexer a server builds when no ``NVFP4_SPARSE_*`` variable is set."""
+        indexer = SparseConfig().build_indexer(1, cache.shape[0], cache.shape[1] // 2, dev)
+        picked = indexer.select(0, q, cache, table, req, pos).clone()
+        timed(name, lambda: picked.copy_(indexer.select(0, q, cache, table, req, pos)), lambda: picked)
+
     t = args.prefill_t
     scale = torch.ones(1, device=dev)
     for heads, hkv, patterns in ((64, 4, ("random", "shared8", "indexer")), (16, 1, ("random",))):
@@ -125,6 +135,7 @@ def measure(args) -> dict:
                 summaries.update(cache, slots)
                 ids = select_blocks(q, summaries, table, req, pos)
                 if heads == 64:
+                    default_selection(f"default_select_T{t}", q, cache, table, req, pos)
                     timed(f"indexer_update_T{t}", lambda: summaries.update(cache, slots), lambda: summaries.bounds)
                     picked = torch.empty_like(ids)
                     timed(f"indexer_select_T{t}", lambda: picked.copy_(select_blocks(q, summaries, table, req, pos)),
@@ -153,6 +164,7 @@ def measure(args) -> dict:
         timed(f"decode_ctx{ctx}_b{batch}",
               lambda: kernels.sparse_decode(q, cache, ids, table, req, pos, scale, scale, HEAD_DIM**-0.5, out=out),
               lambda: out)
+        default_selection(f"default_select_ctx{ctx}_b{batch}", q, cache, table, req, pos)
         del cache
         torch.cuda.empty_cache()
     return results
