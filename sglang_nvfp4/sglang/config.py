@@ -45,9 +45,9 @@ checkpoint's config too (:meth:`SparseConfig.check_model`); the backend checks t
 
 MiniMax-M3 checkpoints bring their own selection (:mod:`.minimax_m3`, :meth:`SparseConfig.for_model`):
 their learned indexer, top-k and forced blocks come from the checkpoint, so setting ``TOPK``,
-``SINK_BLOCKS``, ``LOCAL_BLOCKS``, ``INDEXER``, ``PROXY_GROUPS`` or ``PROXY_PRECISION`` for one is a start-up error; ``DENSE_LAYERS`` and
-``KERNEL`` apply as for any model. ``INDEX_KEYS`` applies to them alone (other models keep no index keys: setting
-it for one is a start-up error).
+``SINK_BLOCKS``, ``LOCAL_BLOCKS``, ``INDEXER``, ``PROXY_GROUPS`` or ``PROXY_PRECISION`` for one is a start-up
+error; ``DENSE_LAYERS`` and ``KERNEL`` apply as for any model. ``INDEX_KEYS`` applies to them alone (other models
+keep no index keys: setting it for one is a start-up error).
 """
 
 from __future__ import annotations
