@@ -137,11 +137,11 @@ def e4m3_decode(codes, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def load_k_tile(cache_ptr, k_block, USE_PTX: tl.constexpr):
-    """K of one page and KV head -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE. ``cache_ptr``: the
-    uint8 cache; ``k_block``: the block's offset in 4-byte words (int64)."""
+def load_k_tile(cache_ptr, k_block, USE_PTX: tl.constexpr, FACTOR: tl.constexpr = 1.0):
+    """K of one page and KV head -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE * FACTOR (:func:`decode_k_tile`).
+    ``cache_ptr``: the uint8 cache; ``k_block``: the block's offset in 4-byte words (int64)."""
     words, scale_codes = load_k_codes(cache_ptr, k_block)
-    return decode_k_tile(words, scale_codes, USE_PTX)
+    return decode_k_tile(words, scale_codes, USE_PTX, FACTOR)
 
 
 @triton.jit
@@ -155,9 +155,13 @@ def load_k_codes(cache_ptr, k_block):
 
 
 @triton.jit
-def decode_k_tile(words, scale_codes, USE_PTX: tl.constexpr):
-    """:func:`load_k_codes`'s bytes -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE."""
+def decode_k_tile(words, scale_codes, USE_PTX: tl.constexpr, FACTOR: tl.constexpr = 1.0):
+    """:func:`load_k_codes`'s bytes -> fp16 ``[128 keys, 128 dims]`` / TILE_SCALE * FACTOR. ``FACTOR``, a power of
+    two, multiplies the 8 scales of a key instead of its 128 values: the same bits (every product is exact in fp16,
+    at most 2688 / TILE_SCALE * FACTOR), 64 fewer packed products per thread and tile."""
     scales = e4m3_decode(scale_codes, tl.float16)  # [keys, groups]
+    if FACTOR != 1.0:
+        scales = scales * FACTOR
     vals = tl.reshape(e2m1_words_to_fp16(words, USE_PTX), (PAGE, NUM_GROUPS, SCALE_GROUP))
     return tl.reshape(vals * scales[:, :, None], (PAGE, HEAD_DIM))
 

@@ -297,6 +297,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
     tensor cores (twice the fp16 rate); each block's max is scaled back, so scores keep the fp16 path's units.
     ``PREFETCH`` (``FROM_CACHE`` only): the next block's code words load while this block's decode and products
     run (:func:`.triton_common.load_k_codes`, then :func:`.triton_common.decode_k_tile`)."""
+    KEY_FACTOR: tl.constexpr = FP8_KEY_SCALE if FP8 else 1.0  # on the key scales (decode_k_tile): the same bits
     tile = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     kv_head = tl.program_id(2)
@@ -334,17 +335,17 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
                     cur_words, cur_scales = words, scale_codes
                     page = tl.load(block_table_ptr + r * stride_br + (b + 1) * stride_bs, mask=b + 1 < end, other=0)
                     words, scale_codes = load_k_codes(keys_ptr, (page.to(tl.int64) * (2 * HKV) + kv_head) * BLOCK_WORDS)
-                    k = decode_k_tile(cur_words, cur_scales, USE_PTX)
+                    k = decode_k_tile(cur_words, cur_scales, USE_PTX, KEY_FACTOR)
                 elif FROM_CACHE:
                     page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
-                    k = load_k_tile(keys_ptr, (page * (2 * HKV) + kv_head) * BLOCK_WORDS, USE_PTX)  # [128, 128]
+                    k = load_k_tile(keys_ptr, (page * (2 * HKV) + kv_head) * BLOCK_WORDS, USE_PTX, KEY_FACTOR)
                 else:
                     page = tl.load(block_table_ptr + r * stride_br + b * stride_bs).to(tl.int64)
                     k = tl.load(keys_ptr + (page * PAGE + keyrow)[:, None] * D + dims[None, :])  # [128, D]
                     if FP8_KEYS:
                         k = k.to(tl.float16)  # exact, and one unpacking instruction per two codes
                 if FP8:
-                    k = _to_e4m3(k * FP8_KEY_SCALE)  # tile values are at most 42: no saturation
+                    k = _to_e4m3(k)  # decoded times FP8_KEY_SCALE: at most 336, no saturation
                 # No causal mask: keys past a row's position lie in the row's own block, which the rule always
                 # selects (forced), so its score never counts, and later blocks are not stored.
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
