@@ -165,22 +165,31 @@ def test_matches_the_reference_and_the_triton_decode(lens, heads, kv_heads, widt
     assert _rel_err(out, triton_out) < 4e-3
 
 
-@pytest.mark.gpu
-@hopper_only
-@pytest.mark.parametrize("lens, heads, kv_heads, width", [
+DROPPED_PAGE_PROBLEMS = pytest.mark.parametrize("lens, heads, kv_heads, width", [
     ([9000, 130, 1, 4097, 32768, 300], 64, 4, 16),  # partial last pages, a one-token request
     ([20000, 7000, 3000], 32, 4, 32),
     ([131072, 5000], 16, 1, 64),
     ([6000, 333], 40, 4, 5),  # padded rows, a width that is no power of two
 ])
-def test_every_split_count_gives_the_same_bits(lens, heads, kv_heads, width):
-    """The merge tree does not depend on the split count (module docstring), so neither does the output: one split
-    (no partials, no combine) against every count the launch accepts. Repeated and -1 ids drop pages, so chunks
-    end early and some splits are empty."""
-    q, cache, block_ids, block_table, req, pos = _decode_problem(91 + width, lens, heads, kv_heads, width)
+
+
+def _dropped_page_args(seed, lens, heads, kv_heads, width):
+    """Launch arguments of a problem where repeated and -1 ids drop pages, so chunks end early and some splits are
+    empty."""
+    q, cache, block_ids, block_table, req, pos = _decode_problem(seed, lens, heads, kv_heads, width)
     block_ids[0, 1] = -1
     block_ids[-1, 0, 1::2] = block_ids[-1, 0, 0]
-    args = (q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
+    return q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5
+
+
+@pytest.mark.gpu
+@hopper_only
+@DROPPED_PAGE_PROBLEMS
+def test_every_split_count_gives_the_same_bits(lens, heads, kv_heads, width):
+    """The merge tree does not depend on the split count (module docstring), so neither does the output: one split
+    (no partials, no combine) against every count the launch accepts."""
+    args = _dropped_page_args(91 + width, lens, heads, kv_heads, width)
+    q = args[0]
     fewest, most = gluon_decode.split_range(width)
     counts = [1 << i for i in range(fewest.bit_length() - 1, most.bit_length())]
     outs = {n: gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=n) for n in counts}
@@ -188,6 +197,21 @@ def test_every_split_count_gives_the_same_bits(lens, heads, kv_heads, width):
     for n in counts:
         assert torch.equal(outs[n], outs[fewest]), n
     assert torch.equal(gluon_decode.launch(*args, torch.full_like(q, float("nan"))), outs[fewest])
+
+
+@pytest.mark.gpu
+@hopper_only
+@DROPPED_PAGE_PROBLEMS
+def test_prefetch_gives_the_same_bits(lens, heads, kv_heads, width):
+    """The prefetch changes when a page's bytes are loaded, not the arithmetic: with and without it, at one split
+    and at the most splits (where a program's prefetch runs past its last page), the same bits."""
+    args = _dropped_page_args(17 + width, lens, heads, kv_heads, width)
+    q = args[0]
+    for splits in gluon_decode.split_range(width):
+        want = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=False)
+        assert not want.isnan().any()
+        out = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=True)
+        assert torch.equal(out, want), splits
 
 
 def test_split_counts_follow_the_batch(monkeypatch):

@@ -33,8 +33,11 @@ does not depend on the split count, and an empty partial (chunks past the last k
 identity of the merge, so every split count gives the same output (the sign of a zero aside).
 :func:`launch` therefore picks the count from the batch (:func:`decode_splits`: many splits for few
 tokens, one for large batches, whose programs then write no partials) and decode stays batch-invariant:
-a token's output depends on its own selection only. Programs that walk 4 pages or more and fit in one wave
-load each page's bytes while the page before it computes (:func:`prefetches`).
+a token's output depends on its own selection only.
+
+A token's pages are looked up in the block table once, when its program starts, so that no page's bytes wait on a
+block-table load of their own. Programs that walk ``PREFETCH_PAGES`` pages or more and fit in one wave load each
+page's bytes while the page before it computes (:func:`prefetches`).
 
 Numerics: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2 softmax, ``P``
 rounded to fp16, as the Triton kernel; the summation order differs, so outputs agree with it to rounding,
@@ -64,7 +67,6 @@ from .triton_common import (
     LOG2E,
     PAGE,
     ROW_WORDS,
-    SCALE_OFFSET,
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
     global_scale,
@@ -176,28 +178,37 @@ def _as_operand(codes, operand_layout: gl.constexpr):
 
 
 @gluon.jit
-def _load_page(cache_ptr, page, kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row,
-               HKV: gl.constexpr):
-    """The code words of one page and KV head (offsets ``k_words_at``, ``v_words_at`` within a block, in
-    WORDS_LAYOUT, returned as ``TILE_6D``) and their scales: K, the 2 scale bytes of each row's 4 words of a
-    thread (5-d, no word axis); V^T, the 8 token scales of each word as two words (4-d, no row register axes)."""
-    words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32))
-    k_block = page.to(gl.int64) * (2 * HKV * BLOCK_WORDS) + kv_head * BLOCK_WORDS  # in 4-byte words
-    v_block = k_block + HKV * BLOCK_WORDS
-    # Loaded in 2-d, where the compiler sees 4 contiguous words per thread (16-byte loads).
-    k_words = gl.reshape(gl.load(words_ptr + k_block + k_words_at), TILE_6D)
-    v_words = gl.reshape(gl.load(words_ptr + v_block + v_words_at), TILE_6D)
-    k_scales = gl.load((cache_ptr + 4 * k_block + k_scale_row * (4 * ROW_WORDS) + SCALE_OFFSET
-                        + k_scale_byte).to(gl.pointer_type(gl.uint16), bitcast=True))
-    v_scales = words_ptr + v_block + v_scale_row * ROW_WORDS + SCALE_WORD
-    return k_words, k_scales, v_words, gl.load(v_scales), gl.load(v_scales + 1)
+def _page_blocks(page, kv_head, HKV: gl.constexpr):
+    """Offsets (in 4-byte words) of the K and V^T blocks of ``page`` and ``kv_head``."""
+    k_block = page.to(gl.int64) * (2 * HKV * BLOCK_WORDS) + kv_head * BLOCK_WORDS
+    return k_block, k_block + HKV * BLOCK_WORDS
 
 
 @gluon.jit
-def _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it, stride_ik, K_POW2: gl.constexpr):
+def _load_k(words_ptr, k_block, k_at):
+    """A page's K bytes of this thread (offsets ``k_at`` within the block, :func:`_sparse_decode_kernel`): code words
+    ``[128, 16]`` in WORDS_LAYOUT, and per row of the thread its 2 scale bytes (5-d, uint16)."""
+    k_words_at, k_scales_at = k_at
+    scales = (words_ptr + k_block).to(gl.pointer_type(gl.uint16), bitcast=True) + k_scales_at
+    return gl.load(words_ptr + k_block + k_words_at), gl.load(scales)
+
+
+@gluon.jit
+def _load_v(words_ptr, v_block, v_at):
+    """A page's V^T bytes of this thread: code words ``[128, 16]`` in WORDS_LAYOUT, and the 8 token scales of each
+    word's octet as two words (4-d)."""
+    v_words_at, v_scale_at = v_at
+    scales = words_ptr + v_block + v_scale_at
+    return gl.load(words_ptr + v_block + v_words_at), gl.load(scales), gl.load(scales + 1)
+
+
+@gluon.jit
+def _kept_blocks(block_ids_ptr, block_table_ptr, kv_head, token, req, pos, K, stride_ih, stride_it, stride_ik,
+                 stride_br, stride_bs, K_POW2: gl.constexpr):
     """The token's deduplicated selection, as the Triton decode keeps it: the first occurrence of each id
-    that starts at or before ``pos``. Returns ``(block [K_POW2], keep, order, num_kept)``: kept slot ``i`` is
-    the ``order[i]``-th kept block."""
+    that starts at or before ``pos``. Returns ``(block [K_POW2], page, keep, order, num_kept)``: kept slot ``i``
+    is the ``order[i]``-th kept block, on cache page ``page[i]``. The pages are looked up here, all at once, so
+    that no page's bytes wait on a block-table load of their own."""
     layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NUM_WARPS, 1], [1, 0])
     slot_i = gl.arange(0, K_POW2, layout=gl.SliceLayout(1, layout))
     slot_j = gl.arange(0, K_POW2, layout=gl.SliceLayout(0, layout))
@@ -214,25 +225,27 @@ def _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it, st
     # reduction within a warp.
     everywhere: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
     keep = gl.convert_layout(keep, everywhere)
-    return (gl.convert_layout(block_i, everywhere), keep, gl.convert_layout(order, everywhere),
-            gl.sum(keep.to(gl.int32), axis=0))
+    block = gl.convert_layout(block_i, everywhere)
+    page = gl.load(block_table_ptr + req.to(gl.int64) * stride_br + block * stride_bs, mask=keep, other=0)
+    return block, page, keep, gl.convert_layout(order, everywhere), gl.sum(keep.to(gl.int32), axis=0)
 
 
 @gluon.jit
-def _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs):
-    """Block and page of the ``j``-th kept block (``j`` below the number kept)."""
-    block_j = gl.sum(gl.where(keep & (order == j), block, 0), axis=0)
-    return block_j, gl.load(block_table_ptr + req.to(gl.int64) * stride_br + block_j * stride_bs)
+def _kept_page(block, page, keep, order, j):
+    """Block and page of the ``j``-th kept block; block 0 and page 0 (unused) from ``j`` = the number kept on."""
+    chosen = keep & (order == j)
+    return gl.sum(gl.where(chosen, block, 0), axis=0), gl.sum(gl.where(chosen, page, 0), axis=0)
 
 
 @gluon.jit
-def _kept_page_bytes(j, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr, kv_head,
-                     k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV: gl.constexpr):
-    """The ``j``-th kept block and its page's bytes (:func:`_kept_page`, then :func:`_load_page`): ``(block,
-    k_words, k_scales, v_words, v_lo, v_hi)``. Past the last kept block, block 0 and its page (unused)."""
-    block_j, page_j = _kept_page(block, keep, order, j, req, block_table_ptr, stride_br, stride_bs)
-    k_words, k_scales, v_words, v_lo, v_hi = _load_page(cache_ptr, page_j, kv_head, k_words_at, v_words_at,
-                                                        k_scale_row, k_scale_byte, v_scale_row, HKV)
+def _kept_page_bytes(j, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV: gl.constexpr):
+    """The ``j``-th kept block and its page's bytes (:func:`_kept_page`, :func:`_load_k`, :func:`_load_v`):
+    ``(block, k_words, k_scales, v_words, v_lo, v_hi)``. Past the last kept block, block 0 and page 0's bytes
+    (unused)."""
+    block_j, page_j = _kept_page(block, page, keep, order, j)
+    k_block, v_block = _page_blocks(page_j, kv_head, HKV)
+    k_words, k_scales = _load_k(words_ptr, k_block, k_at)
+    v_words, v_lo, v_hi = _load_v(words_ptr, v_block, v_at)
     return block_j, k_words, k_scales, v_words, v_lo, v_hi
 
 
@@ -270,8 +283,8 @@ def _sparse_decode_kernel(
     split = gl.program_id(2)
     pos = gl.load(pos_ptr + token)
     req = gl.load(req_ptr + token)
-    block, keep, order, num_kept = _kept_blocks(block_ids_ptr, kv_head, token, pos, K, stride_ih, stride_it,
-                                                stride_ik, K_POW2)
+    block, page, keep, order, num_kept = _kept_blocks(block_ids_ptr, block_table_ptr, kv_head, token, req, pos, K,
+                                                      stride_ih, stride_it, stride_ik, stride_br, stride_bs, K_POW2)
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, ROWS, 16])
@@ -289,24 +302,25 @@ def _sparse_decode_kernel(
     fence_async_shared()
 
     # Per thread: its tile rows and code words (WORDS_LAYOUT as TILE_6D), and its scale addresses, reduced over
-    # the register axes they do not depend on (within a thread: no data moves).
+    # the register axes they do not depend on (within a thread: no data moves). Offsets within a block, in words.
     row_2d = gl.arange(0, PAGE, layout=gl.SliceLayout(1, WORDS_LAYOUT))[:, None]
     word_2d = gl.arange(0, 16, layout=gl.SliceLayout(0, WORDS_LAYOUT))[None, :]
-    k_words_at = cache_index(row_2d) * ROW_WORDS + word_2d  # K tile row m is key cache_index(m) of the page
-    v_words_at = vt_row_dim(row_2d) * ROW_WORDS + word_2d  # V^T tile row m is dim vt_row_dim(m)
     row = gl.reshape(row_2d + 0 * word_2d, TILE_6D)
     word = gl.reshape(word_2d + 0 * row_2d, TILE_6D)
-    key_row = cache_index(row)
-    dim_row = vt_row_dim(row)
-    # A K row's words 4l..4l+3 (lane l % 4) hold dims 32l..32l+31: scale groups 2l, 2l+1, bytes SCALE_OFFSET + 2l.
-    k_scale_row = gl.max(key_row, axis=5)
-    k_scale_byte = gl.max(2 * (word // 4), axis=5)
-    k_byte_shift = 8 * ((word % 4) // 2)
-    # The scales of tokens 8w..8w+7 in group g: bytes 64..71 of V^T row V_SCALE_ROWS_PER_GROUP * g + w.
-    v_scale_row = gl.max(gl.max((dim_row // 16) * V_SCALE_ROWS_PER_GROUP + word, axis=2), axis=0)
+    # K tile row m is key cache_index(m) of the page. A K row's words 4l..4l+3 (lane l % 4) hold dims 32l..32l+31:
+    # scale groups 2l and 2l + 1, bytes 2l and 2l + 1 of the row's scales, in scale word l // 2.
+    k_at = (cache_index(row_2d) * ROW_WORDS + word_2d,  # code words, then the 2 scale bytes, in 2-byte units
+            gl.max(cache_index(row), axis=5) * (2 * ROW_WORDS) + 2 * SCALE_WORD + gl.max(word // 4, axis=5))
+    k_byte_shift = 8 * ((word % 4) // 2)  # of a code word's scale byte, in its row's 2 (a constant of each register)
+    # V^T tile row m is dim vt_row_dim(m). The scales of tokens 8w..8w+7 in group g: bytes 64..71 of V^T row
+    # V_SCALE_ROWS_PER_GROUP * g + w, two words.
+    v_at = (vt_row_dim(row_2d) * ROW_WORDS + word_2d,
+            gl.max(gl.max((vt_row_dim(row) // 16) * V_SCALE_ROWS_PER_GROUP + word, axis=2), axis=0) * ROW_WORDS
+            + SCALE_WORD)
     v_octet = gl.max(gl.max(word, axis=2), axis=0)
     s_key = cache_index(gl.arange(0, PAGE, layout=gl.SliceLayout(1, mma)))  # S^T row m is key cache_index(m)
     logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
+    words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32))
 
     s_init = gl.zeros([PAGE, ROWS], gl.float32, mma)
     # The merge stack (module docstring), STACK_LEVELS = log2(CHUNKS_PER_SPLIT) + 1 levels: level i holds the
@@ -317,10 +331,9 @@ def _sparse_decode_kernel(
              gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, HEAD_DIM, ROWS], STACK_ACC_LAYOUT))  # m, l, acc
     first_chunk = split * CHUNKS_PER_SPLIT
     end_chunk = gl.minimum(first_chunk + CHUNKS_PER_SPLIT, (num_kept + CHUNK_PAGES - 1) // CHUNK_PAGES)
-    if PREFETCH:  # the first page's bytes; past the last kept page this reads block 0's page, unused
+    if PREFETCH:  # the first page's bytes; past the last kept page this reads page 0, unused
         next_block, next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _kept_page_bytes(
-            first_chunk * CHUNK_PAGES, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr,
-            kv_head, k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+            first_chunk * CHUNK_PAGES, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV)
     for chunk in range(first_chunk, end_chunk):
         # The chunk's pages, folded in order from the empty partial.
         m_i, l_i, acc_t = _empty_partial(ROWS, mma)
@@ -329,12 +342,12 @@ def _sparse_decode_kernel(
                 block_j, k_words, k_scales, v_words, v_lo, v_hi = (next_block, next_k_words, next_k_scales,
                                                                    next_v_words, next_v_lo, next_v_hi)
                 next_block, next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _kept_page_bytes(
-                    j + 1, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr, kv_head,
-                    k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+                    j + 1, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV)
             else:
                 block_j, k_words, k_scales, v_words, v_lo, v_hi = _kept_page_bytes(
-                    j, block, keep, order, req, block_table_ptr, stride_br, stride_bs, cache_ptr, kv_head,
-                    k_words_at, v_words_at, k_scale_row, k_scale_byte, v_scale_row, HKV)
+                    j, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV)
+            k_words = gl.reshape(k_words, TILE_6D)
+            v_words = gl.reshape(v_words, TILE_6D)
             k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
             k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
             s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
@@ -388,11 +401,13 @@ def _sparse_decode_kernel(
         gl.store(part_stats_ptr + part * 2 * ROWS + ROWS + rows, l_i)
 
 
-def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None):
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
+           prefetch: bool | None = None):
     """Sparse decode on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_decode`); arguments as validated by the
     dispatcher and as in :func:`.triton_decode.launch`, the layer within :func:`supports`; ``splits``: programs per
     (token, KV head), a power of two within :func:`split_range` (default: :func:`decode_splits`; every count gives
-    the same output). Returns ``out``."""
+    the same output); ``prefetch``: whether the programs load a page's bytes while the page before it computes
+    (default: :func:`prefetches`; either gives the same output). Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
@@ -407,7 +422,10 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     rows, part_acc, part_stats = triton_decode.split_partials(out, hkv, group, splits)
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     chunks_per_split = num_chunks(width) // splits
-    prefetch = prefetches(rows, width, chunks_per_split, t * hkv * splits, q.device)
+    if prefetch is None:
+        prefetch = prefetches(rows, width, chunks_per_split, t * hkv * splits, q.device)
+    # A prefetch past the last kept page reads page 0's bytes (unused): an empty cache has none.
+    prefetch = bool(prefetch) and cache.shape[0] > 0
     _sparse_decode_kernel[(t, hkv, splits)](
         q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
         k_scale, v_scale, float(sm_scale),
