@@ -37,6 +37,9 @@ Decode splits (first, on a cold Triton cache): every fixed split count {1, 2, 4,
 split count, compile included), the data behind ``triton_decode.DECODE_SPLITS``, at ``--split-topk`` ids per
 token; on Hopper the Gluon decode's times per split count too (``gluon_us``, the counts its merge tree accepts),
 the data behind ``gluon_decode.decode_splits`` (its choice per batch: the ``splits`` of each decode row).
+Decode prefetch (Hopper; ``decode_prefetch``): the Gluon decode with and without its prefetch at the split count
+its launch picks, half and twice that, same batches and context, with bit-equality to the default launch: the
+data behind ``gluon_decode.prefetches``.
 """
 
 from __future__ import annotations
@@ -508,6 +511,38 @@ def run_split_sweep(results, out, topk=fmt.TOPK):
             log(f"decode splits ({key}), batch {batch}: " + ", ".join(f"{k}: {v:.1f} us" for k, v in row[key].items()))
 
 
+def run_prefetch_sweep(results, out, topk=fmt.TOPK):
+    """The Gluon decode's time with and without its prefetch (``gluon_decode.launch(prefetch=)``) per split count
+    (the one its launch picks, half and twice that) and batch size at ``SWEEP_T`` context; ``equal``: every output
+    is bit-identical to the default launch's (they must be). The data behind ``gluon_decode.prefetches``."""
+    from sglang_nvfp4.kernels import gluon_decode
+
+    for batch in SPLIT_SWEEP_BATCH:
+        gen = torch.Generator(device=DEV).manual_seed(batch)
+        args = decode_problem(batch, SWEEP_T, gen, topk)
+        width, hkv = args[2].shape[2], DECODE_HEADS[1]
+        splits = gluon_decode.decode_splits(batch, hkv, width, args[0].device)
+        rows = max(16, triton.next_power_of_2(DECODE_HEADS[0] // hkv))
+        default = gluon_decode.prefetches(rows, width, batch * hkv * splits, args[0].device)
+        want = gluon_decode.launch(*args, torch.full_like(args[0], float("nan")))
+        row = {"batch": batch, "ctx": SWEEP_T, "topk": topk, "default_splits": splits, "default_prefetch": default,
+               "us": {}, "equal": True}
+        fewest, most = gluon_decode.split_range(width)
+        for count in (c for c in (splits // 2, splits, 2 * splits) if fewest <= c <= most):
+            for prefetch in (False, True):
+                out_t = torch.full_like(args[0], float("nan"))
+                gluon_decode.launch(*args, out_t, splits=count, prefetch=prefetch)
+                row["equal"] &= bool(torch.equal(out_t, want))
+                row["us"][f"{'prefetch' if prefetch else 'none'}:{count}"] = 1e3 * graph_ms(
+                    lambda: gluon_decode.launch(*args, out_t, splits=count, prefetch=prefetch))
+        results["decode_prefetch"].append(row)
+        save(results, out)
+        chosen = f"{'prefetch' if default else 'none'}:{splits}"
+        best = min(row["us"], key=row["us"].get)
+        log(f"decode prefetch, top-{topk} batch {batch}: default {chosen} {row['us'][chosen]:.1f} us, best {best} "
+            f"{row['us'][best]:.1f} us, equal {row['equal']}; " + ", ".join(f"{k} {v:.1f}" for k, v in row["us"].items()))
+
+
 def run_decode(results, copy_gbps, out, fi=None, topks=(fmt.TOPK,), batches=DECODE_BATCH, contexts=DECODE_CTX):
     cases = [(b, c, k) for k in topks for c in contexts for b in batches]
     for i, (batch, ctx, topk) in enumerate(cases):
@@ -616,7 +651,7 @@ def main():
     parser.add_argument("--decode-ctx", type=int, nargs="*", default=list(DECODE_CTX))
     parser.add_argument("--split-topk", type=int, nargs="*", default=[fmt.TOPK], help="ids per token, split sweep")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["prefill", "decode", "write", "flashinfer", "splits", "in-tree"])
+                        choices=["prefill", "decode", "write", "flashinfer", "splits", "prefetch", "in-tree"])
     args = parser.parse_args()
     if args.profile:
         return profile()
@@ -645,7 +680,7 @@ def main():
         "meta": {"gpu": props.name, "sms": props.multi_processor_count, "date": datetime.date.today().isoformat(),
                  "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
                  "patterns": patterns},
-        "prefill": [], "decode": [], "write": [], "decode_splits": [], "_dense": {},
+        "prefill": [], "decode": [], "write": [], "decode_splits": [], "decode_prefetch": [], "_dense": {},
         "flashinfer": {"version": fi.fi.__version__, "first_call_s": fi.first_call_s} if fi else {"skipped": reason},
     }
     log(f"{props.name}: measuring copy bandwidth and bf16 matmul")
@@ -654,6 +689,9 @@ def main():
     if "splits" not in args.skip:
         for topk in args.split_topk:
             run_split_sweep(results, args.out, topk)
+    if "prefetch" not in args.skip and torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
+        for topk in args.split_topk:
+            run_prefetch_sweep(results, args.out, topk)
     if "write" not in args.skip:
         run_write(results)
     if "decode" not in args.skip:

@@ -216,13 +216,13 @@ def test_prefetch_gives_the_same_bits(lens, heads, kv_heads, width):
 
 def test_split_counts_follow_the_batch(monkeypatch):
     """Many splits for a few tokens, one for large batches, always within the accepted range (132 multiprocessors,
-    an H200's); a count outside it is refused. Programs that fit in one wave prefetch, when they walk 4 pages."""
+    an H200's); a count outside it is refused. Programs that fit in one wave prefetch."""
     monkeypatch.setattr(gluon_decode, "_multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
-    assert [gluon_decode.prefetches(16, 16, 8 // splits, 4 * t * splits, cpu)
-            for t, splits in ((8, 8), (32, 2), (64, 1), (256, 1))] == [False, True, True, False]
-    assert gluon_decode.prefetches(16, 32, 2, 4 * 8 * 8, cpu)  # top-32 at batch 8: 2 chunks of 2 pages
-    assert not gluon_decode.prefetches(32, 32, 8, 4, cpu) and not gluon_decode.prefetches(16, 64, 8, 4, cpu)
+    assert [gluon_decode.prefetches(16, 16, 4 * t * splits, cpu)
+            for t, splits in ((1, 8), (8, 8), (32, 2), (64, 1), (256, 1))] == [True, True, True, True, False]
+    assert gluon_decode.prefetches(16, 32, 4 * 8 * 8, cpu)  # top-32 at batch 8
+    assert not gluon_decode.prefetches(32, 32, 4, cpu) and not gluon_decode.prefetches(16, 64, 4, cpu)  # would spill
     assert [gluon_decode.decode_splits(t, 4, 16, cpu) for t in (1, 8, 32, 64, 256)] == [8, 8, 2, 1, 1]
     assert [gluon_decode.decode_splits(t, 4, 32, cpu) for t in (1, 8, 32, 64, 256)] == [16, 8, 2, 1, 1]
     assert gluon_decode.decode_splits(256, 4, 1024, cpu) == 32  # a dense layer's width: 16 chunks per split

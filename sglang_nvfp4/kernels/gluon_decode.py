@@ -36,8 +36,8 @@ tokens, one for large batches, whose programs then write no partials) and decode
 a token's output depends on its own selection only.
 
 A token's pages are looked up in the block table once, when its program starts, so that no page's bytes wait on a
-block-table load of their own. Programs that walk ``PREFETCH_PAGES`` pages or more and fit in one wave load each
-page's bytes while the page before it computes (:func:`prefetches`).
+block-table load of their own. Programs that fit in one wave load each page's bytes while the page before it
+computes (:func:`prefetches`).
 
 Numerics: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2 softmax, ``P``
 rounded to fp16, as the Triton kernel; the summation order differs, so outputs agree with it to rounding,
@@ -81,7 +81,6 @@ MAX_CHUNKS_PER_SPLIT = 16  # the merge stack's depth: 5 levels of ROWS x 128 fp3
 # Programs the split count aims for, per multiprocessor: in both H200 sweeps of bench/results/decode_gluon_h200.md,
 # about 256 programs in all served every batch size best (8 splits at batch 8, 2 at 32, 1 from 64 on).
 PROGRAMS_PER_SM = 2
-PREFETCH_PAGES = 4  # pages per program from which it may prefetch (:func:`prefetches`)
 # The merge stack's shared-memory layouts: each thread stores and reloads its own elements of the mma layout.
 STACK_ROWS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 STACK_ACC_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -100,14 +99,14 @@ def max_registers(rows: int, width: int, prefetch: bool) -> int:
     return 168 if rows <= 16 and selection_slots(width) <= 32 and not prefetch else 232
 
 
-def prefetches(rows: int, width: int, chunks_per_split: int, programs: int, device: torch.device) -> bool:
+def prefetches(rows: int, width: int, programs: int, device: torch.device) -> bool:
     """Whether each of the launch's ``programs`` loads a page's bytes while the page before it computes. The next
     page's bytes cost registers (2 programs per multiprocessor instead of 3; with more than 16 rows or 32 ids per
-    token they would spill), which pays when the programs fit in one wave at 2 per multiprocessor and walk at least
-    ``PREFETCH_PAGES`` pages: 7-12% faster at batch 32-64, 4-6% slower at batch 256 (32K context, H200,
-    ``bench/results/decode_gluon_h200.md``)."""
-    return (rows <= 16 and selection_slots(width) <= 32 and chunks_per_split * CHUNK_PAGES.value >= PREFETCH_PAGES
-            and programs <= PROGRAMS_PER_SM * _multiprocessors(device))
+    token they would spill), which pays when the programs fit in one wave at 2 per multiprocessor: at 32K context,
+    7-12% faster at batch 32-64 and 4-6% slower at batch 256 (H200, ``bench/results/decode_gluon_h200.md``); 4-5%
+    faster at batch 1, top-16 and top-32, whose programs walk 2 pages each, and within 1% at batch 8 (H100,
+    ``bench/results/kernels_v2_h100.md``)."""
+    return rows <= 16 and selection_slots(width) <= 32 and programs <= PROGRAMS_PER_SM * _multiprocessors(device)
 
 
 def num_chunks(width: int) -> int:
@@ -423,7 +422,7 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     k_by_pointer, v_by_pointer = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
     chunks_per_split = num_chunks(width) // splits
     if prefetch is None:
-        prefetch = prefetches(rows, width, chunks_per_split, t * hkv * splits, q.device)
+        prefetch = prefetches(rows, width, t * hkv * splits, q.device)
     # A prefetch past the last kept page reads page 0's bytes (unused): an empty cache has none.
     prefetch = bool(prefetch) and cache.shape[0] > 0
     _sparse_decode_kernel[(t, hkv, splits)](
