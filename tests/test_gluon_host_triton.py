@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HOST_TRITON = Path(sys.prefix) / "gpu-host-triton"
 PINNED = re.search(r"^triton==(\S+)", (ROOT / "requirements" / "gpu-host-triton.txt").read_text(), re.M).group(1)
-COMPILE_CHECKS = ["tests/test_gluon_decode.py", "tests/test_gluon_prefill.py"]
+COMPILE_CHECKS = ["tests/test_gluon_decode.py", "tests/test_gluon_prefill.py", "tests/test_gluon_proxy.py"]
 
 
 def _child_env() -> dict:

@@ -208,10 +208,14 @@ def check_fp8_kernel(device):
     head of GQA 16) and 64 (one group of GQA 4), and a decode-like batch. Interpreted, the products are exact and
     summed in fp32, so the selections also equal the torch path's; Hopper's fp8 tensor cores accumulate with fewer
     bits (about 14), which moves scores by ~1e-4 of their scale and can swap near-equal blocks, so on a GPU the
-    scores are compared within 1e-3 of their scale."""
-    from sglang_nvfp4.kernels.triton_indexer import PROXY_PREFILL_ROWS, learned_tiling, proxy_block_scores
+    scores are compared within 1e-3 of their scale. On Hopper the prefill problems are scored by the Gluon kernel
+    too (:mod:`sglang_nvfp4.kernels.gluon_proxy`, where the dispatch sends fp8 prefill scores), with the same
+    checks: two requests in one tile (scored token by token), 16 groups, 1, and 3 padded to 4; and again in
+    programs of 4 blocks (several programs per row, some with nothing to score)."""
+    from sglang_nvfp4.kernels.triton_indexer import (PROXY_PREFILL_ROWS, _gluon_proxy_scores, learned_tiling,
+                                                     proxy_block_scores)
 
-    for seed, group, groups, decode in [(0, 16, 16, False), (1, 4, 1, False), (2, 16, 16, True)]:
+    for seed, group, groups, decode in [(0, 16, 16, False), (1, 4, 1, False), (3, 12, 3, False), (2, 16, 16, True)]:
         q, cache, table, req, pos = random_problem(seed, group=group, seq_lens=(1500, 700), tokens=(20, 9))
         if decode:
             q, req, pos = q[:2], torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1499, 699], dtype=torch.int32)
@@ -219,13 +223,21 @@ def check_fp8_kernel(device):
         want = fp8_block_scores_f64(queries, cache, table, req, pos, groups)
         args = [x.to(device) for x in (q, cache, table, req, pos)]
         tokens, blocks = learned_tiling(len(q), table.shape[0], groups, PROXY_PREFILL_ROWS)
-        got = torch.full(want.shape, float("nan"), device=device)  # poison: only blocks up to the own are written
-        proxy_block_scores(queries.to(device), *args[1:], got, tokens, blocks, groups, fp8=True)
-        got = got.cpu().double()
-        assert torch.equal(got.isnan(), want.isnan()), (seed, groups, decode)
-        scale = want.nan_to_num().abs().max()
-        tol = 1e-6 if device == "cpu" else 1e-3
-        assert (got - want).nan_to_num().abs().max() <= tol * scale, (seed, groups, decode)
+        kernels = {"triton": lambda out: proxy_block_scores(queries.to(device), *args[1:], out, tokens, blocks, groups,
+                                                            fp8=True)}
+        gluon = _gluon_proxy_scores(torch.device(device), len(q), table.shape[0], groups)
+        if gluon is not None:
+            kernels["gluon"] = lambda out: gluon(queries.to(device), *args[1:], out, groups)
+            kernels["gluon, 4 blocks per program"] = lambda out: gluon(queries.to(device), *args[1:], out, groups,
+                                                                       blocks=4)
+        for name, kernel in kernels.items():
+            got = torch.full(want.shape, float("nan"), device=device)  # poison: only blocks up to the own are written
+            kernel(got)
+            got = got.cpu().double()
+            assert torch.equal(got.isnan(), want.isnan()), (name, seed, groups, decode)
+            scale = want.nan_to_num().abs().max()
+            tol = 1e-6 if device == "cpu" else 1e-3
+            assert (got - want).nan_to_num().abs().max() <= tol * scale, (name, seed, groups, decode)
         if device == "cpu":
             ids = [select_blocks_proxy(*args, topk=6, groups=groups, precision="fp8", impl=impl)
                    for impl in ("torch", "triton")]

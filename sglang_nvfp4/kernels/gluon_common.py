@@ -52,6 +52,14 @@ def k_scale_operand(scale_bytes):
 
 
 @gluon.jit
+def times_f16x2(operands, factor):
+    """fp16x2 operands (uint32 tensor) times an fp16x2 ``factor`` (uint32 tensor or scalar of the same bits), per
+    half (``mul.rn.f16x2``): e.g. a power of two folded into :func:`k_scale_operand`'s scales."""
+    return gl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [operands, factor], dtype=gl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
 def vt_scale_operands(lo, hi):
     """V^T scales of token octets (two uint32 tensors: the E4M3 scales of tokens 0..3 and 4..7, byte ``i`` for
     token ``i``) -> the 4 fp16x2 operands (tokens 0-1, 2-3, 4-5, 6-7) that :func:`decode_words` takes for the

@@ -611,19 +611,36 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
     ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv * groups, 128]`` (``groups``
     per KV head); ``cache`` the NVFP4 cache. As :func:`select_learned_blocks`, with one KV head per score program
     (prefill tiles of ``prefill_rows`` (token, group) rows); a block's score is the max over the KV head's
-    groups, taken in the score kernel; ``fp8``: the products on E4M3-rounded queries and keys."""
+    groups, taken in the score kernel; ``fp8``: the products on E4M3-rounded queries and keys. fp8 prefill scores
+    on Hopper run the warp-specialized Gluon kernel (:mod:`.gluon_proxy`) where it serves the call."""
     t = queries.shape[0]
     hkv = cache.shape[1] // 2
     queries = queries.contiguous()
     req, pos = req.contiguous(), pos.contiguous()
     tokens, blocks = learned_tiling(t, block_table.shape[0], groups, prefill_rows)
+    gluon_scores = _gluon_proxy_scores(queries.device, t, block_table.shape[0], groups) if fp8 else None
 
     def score_chunk(part, scores):
-        proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks, groups,
-                           fp8)
+        if gluon_scores is not None:
+            gluon_scores(queries[part], cache, block_table, req[part], pos[part], scores, groups)
+        else:
+            proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks,
+                               groups, fp8)
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
                              score_bytes, decode_blocks_per_step)
+
+
+def _gluon_proxy_scores(device: torch.device, num_tokens: int, num_rows: int, groups: int):
+    """:func:`.gluon_proxy.block_scores` when it serves these fp8 scores (:func:`.gluon_proxy.supports`), else
+    ``None`` (no Gluon in this Triton, another device, a decode-like batch)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from . import gluon_proxy
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return gluon_proxy.block_scores if gluon_proxy.supports(device, num_tokens, num_rows, groups) else None
 
 
 # ---- fp8 index keys (the learned indexer, NVFP4_SPARSE_INDEX_KEYS=fp8) -----------------------------------

@@ -1,0 +1,291 @@
+"""Warp-specialized fp8 block scores of the proxy indexer for Hopper (sm_90), in Gluon; the same scores as
+:func:`.triton_indexer.proxy_block_scores` with ``fp8=True`` (entry point :func:`block_scores`).
+
+Why a second score kernel. In the Triton kernel one warpgroup loads a key page, decodes it to E4M3, runs the
+16 fp8 wgmma of a 256-row tile and reduces the block maxima, in turn: its 255 registers cannot hold the four
+64-row accumulators at once, so ptxas waits for each wgmma before the next (sm_90 SASS of Triton 3.6: 16
+``WARPGROUP.DEPBAR`` for 16 ``QGMMA``), and the tensor cores idle while the warps decode and reduce. At the
+default (top-16 proxy over every query head) that selection costs 13.2 ms per layer at 32K (64/4 heads) on the
+H200, as much as the attention. Here one program (CTA) serves ``2 * TOKENS`` consecutive tokens x the query
+groups of one KV head over up to :func:`blocks_per_program` blocks, in three partitions of one warpgroup each:
+
+* **producer**: for each block the tile's tokens can see, loads the KV head's key page, decodes it (E2M1 times
+  its E4M3 scale times ``FP8_KEY_SCALE``, exact in fp16, by :mod:`.gluon_common`'s decoders) and rounds it to
+  E4M3 into a ring of ``STAGES`` shared-memory slots, then signals ``ready``;
+* **two consumers** (the default partition and one worker): each owns ``TOKENS`` tokens (128 rows: ``HP`` per
+  token, its query groups padded to a power of two) and rounds its query rows to E4M3 once (a power of two per
+  row). Per slot it runs ``S = Q.K^T`` on the fp8 tensor cores, takes each row's max over the block's keys,
+  scales it back, keeps the max over each token's groups and stores it for the tokens that can see the block.
+
+Scores are those of the Triton kernel: the same E4M3 operands, fp32 accumulation (in the tensor cores' order,
+so they differ by the accumulation's rounding), a row's own block scored over all its keys (the rule forces that
+block, so its score is never read), nothing stored past a token's own block. A tile whose tokens belong to
+several requests is served token by token, as in the Triton kernel.
+
+Measured (H100, ``bench/results/kernels_v2_h100.md``): the same scores bit for bit as the Triton kernel's on a 32K
+prompt, 6.5% faster (11.2 against 12.0 ms at 32K, 64/4; 4% on an 8K chunk over a 24K prefix), not the 2x the
+instruction counts allowed: the producer, one warp per scheduler decoding each page (455 instructions per thread),
+sets the pace.
+
+Scope (:func:`supports`): NVIDIA sm_90, prefill tiles (more tokens than requests), 1 to 16 query groups per KV
+head; the caller keeps the Triton kernel otherwise. It runs only compiled: ``tests/test_gluon_proxy.py`` compiles it
+for sm_90 on any host, ``tests/test_proxy_indexer.py`` checks its scores against float64 ones on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+
+from .gluon_common import decode_words, k_scale_operand, times_f16x2
+from .gluon_prefill import K_LAYOUT, _flat_tile
+from .triton_common import BLOCK_WORDS, HEAD_DIM, NUM_GROUPS, PAGE, ROW_WORDS, SCALE_OFFSET
+from .triton_indexer import FP8_KEY_SCALE
+
+ROWS = gl.constexpr(128)  # (token, group) rows per consumer: two 64-row wgmma tiles of one warpgroup
+STAGES = gl.constexpr(3)  # decoded key pages in flight between the producer and the consumers
+# Blocks one program scores (grid axis 1, :func:`blocks_per_program`): each program converts its queries and fills
+# and drains its ring once for that many pages, so the most that still fills the GPU.
+MAX_BLOCKS_PER_PROGRAM, MIN_BLOCKS_PER_PROGRAM = 256, 16
+PROGRAMS_PER_SM = 2  # the fewest programs per multiprocessor a launch aims for (one fits at a time)
+MAX_REGS = 168
+PRODUCER_REGS = gl.constexpr(120)
+CONSUMER_REGS = gl.constexpr(192)
+# FP8_KEY_SCALE as fp16 bits in both halves of a word: the operand that scales each key scale.
+_KEY_FACTOR_F16X2 = gl.constexpr(
+    int(torch.tensor(FP8_KEY_SCALE.value, dtype=torch.float16).view(torch.int16).item()) * 0x10001)
+
+
+def supports(device: torch.device, num_tokens: int, num_rows: int, groups: int) -> bool:
+    """Whether this kernel scores a call: an sm_90 GPU with Gluon where the kernels resolve to ``gluon`` (not
+    ``NVFP4_SPARSE_KERNEL=triton``), a prefill-like batch (more tokens than requests) and at most 16 query groups
+    per KV head (128 rows hold a whole token)."""
+    if num_tokens <= num_rows or not 1 <= groups <= 16:
+        return False
+    from . import _gluon_serves, resolve_implementation
+
+    return resolve_implementation(device) == "gluon" and _gluon_serves(device)
+
+
+def blocks_per_program(num_tiles: int, num_cols: int, kv_heads: int, multiprocessors: int) -> int:
+    """Blocks per program for a grid of ``num_tiles`` tiles x ``kv_heads`` over a block table ``num_cols`` wide:
+    ``MAX_BLOCKS_PER_PROGRAM`` (a whole row up to 32K tokens: 11.2 ms at 32K against 12.3 with 32 and 16.1 with 8,
+    H100), halved while the grid would hold fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor (a short
+    extend over a long prefix), down to ``MIN_BLOCKS_PER_PROGRAM``. Powers of two: at most 5 compiled variants."""
+    blocks = MAX_BLOCKS_PER_PROGRAM
+    while (blocks > MIN_BLOCKS_PER_PROGRAM
+           and num_tiles * kv_heads * triton.cdiv(num_cols, blocks) < PROGRAMS_PER_SM * multiprocessors):
+        blocks //= 2
+    return blocks
+
+
+def tokens_per_consumer(groups: int) -> int:
+    """Tokens per consumer (128 rows) for ``groups`` query groups per KV head; a tile has twice as many."""
+    return ROWS.value // triton.next_power_of_2(groups)
+
+
+@gluon.jit
+def _load_k(cache_ptr, k_block):
+    """K of one page and KV head in :data:`.gluon_prefill.K_LAYOUT` (one scale group's 2 code words per thread):
+    code words ``[128, 8, 2]`` and the scale byte of each group ``[128, 8]`` (uint8, ``SliceLayout(2, K_LAYOUT)``)."""
+    groups: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
+    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, groups))[:, None]
+    group = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(0, groups))[None, :]
+    word = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, K_LAYOUT)))[None, None, :]
+    codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + (row * ROW_WORDS + 2 * group)[:, :, None]
+                    + word)
+    scales = gl.load(cache_ptr + 4 * k_block + row * (4 * ROW_WORDS) + SCALE_OFFSET + group)
+    return codes, scales
+
+
+@gluon.jit
+def _decode_fp8_k(codes, scales, factor):
+    """:func:`_load_k`'s page -> E4M3 ``[128 keys, 128 dims]`` of the values / TILE_SCALE times
+    ``FP8_KEY_SCALE`` (at most 336: no saturation), round to nearest even."""
+    # Each key scale times FP8_KEY_SCALE (a power of two: the products stay exact), once for its group's words.
+    scale = gl.expand_dims(times_f16x2(k_scale_operand(scales.to(gl.uint32)), factor), 2)
+    return _flat_tile(decode_words(codes, (scale, scale, scale, scale))).to(gl.float8e4nv)
+
+
+@gluon.jit
+def _tile_passes(req_ptr, pos_ptr, tile, T, TILE_T: gl.constexpr, layout: gl.constexpr):
+    """The tile's tokens (int32 ``[TILE_T]`` in ``layout``), whether they are live (``< T``), their requests and
+    positions, and the number of passes: 1 when every live token belongs to one request, else one per token."""
+    token = tile * TILE_T + gl.arange(0, TILE_T, layout=layout)
+    live = token < T
+    req = gl.load(req_ptr + token, mask=live, other=0)
+    pos = gl.load(pos_ptr + token, mask=live, other=0)
+    one_request = gl.max(gl.where(live, req, -1), axis=0) == gl.min(gl.where(live, req, 2147483647), axis=0)
+    passes = gl.where(one_request, 1, gl.minimum(TILE_T, T - tile * TILE_T))
+    return token, live, req, pos, one_request, passes
+
+
+@gluon.jit
+def _pass_bounds(p, live, req, pos, one_request, first, BLOCKS: gl.constexpr, TILE_T: gl.constexpr,
+                 layout: gl.constexpr):
+    """Pass ``p`` (all live tokens, or token ``p``): its request (int64) and the end of this program's blocks
+    ``first .. end - 1`` that some token of the pass can see."""
+    active = live & (one_request | (gl.arange(0, TILE_T, layout=layout) == p))
+    r = gl.max(gl.where(active, req, -1), axis=0).to(gl.int64)
+    num_blocks = gl.max(gl.where(active, pos // PAGE, -1), axis=0) + 1
+    return r, gl.minimum(first + BLOCKS, num_blocks)
+
+
+@gluon.jit
+def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS: gl.constexpr):
+    """Decodes the key page of every block the tile's passes visit into the ring (one warpgroup).
+
+    Each page's loads are issued right after the previous page's hand-off, so they land while the producer waits
+    for a free slot (a fence before a hand-off waits for every load the thread has in flight, so loads issued
+    before it would stall it)."""
+    cache_ptr, block_table_ptr, req_ptr, pos_ptr = ptrs
+    k_bufs, ready, empty = bufs
+    T, num_tiles, stride_br, stride_bs = sizes
+    tile = num_tiles - 1 - gl.program_id(0)
+    first = gl.program_id(1) * BLOCKS
+    kv_head = gl.program_id(2)
+    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, TILE_T, token_layout)
+    # No pass when the tile sees none of these blocks (the consumers skip them too).
+    passes = gl.where(first < gl.max(gl.where(live, pos // PAGE, -1), axis=0) + 1, passes, 0)
+    scale_layout: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
+    factor = gl.full([PAGE, 8], _KEY_FACTOR_F16X2, gl.uint32, scale_layout)
+    page_words = 2 * HKV * BLOCK_WORDS
+    u = 0
+    for p in range(passes):
+        r, end = _pass_bounds(p, live, req, pos, one_request, first, BLOCKS, TILE_T, token_layout)
+        row = block_table_ptr + r * stride_br
+        # Past the pass's last block these read page 0 (in bounds) and decode nothing.
+        page = gl.load(row + first * stride_bs, mask=first < end, other=0).to(gl.int64)
+        codes, scales = _load_k(cache_ptr, page * page_words + kv_head * BLOCK_WORDS)
+        for b in range(first, end):
+            stage = u % STAGES
+            phase = (u // STAGES) & 1
+            mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
+            k_bufs.index(stage).store(_decode_fp8_k(codes, scales, factor))
+            fence_async_shared()  # order the generic-proxy stores before the consumers' wgmma reads
+            mbarrier.arrive(ready.index(stage), count=1)
+            page = gl.load(row + (b + 1) * stride_bs, mask=b + 1 < end, other=0).to(gl.int64)
+            codes, scales = _load_k(cache_ptr, page * page_words + kv_head * BLOCK_WORDS)
+            u += 1
+
+
+@gluon.jit
+def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
+              BLOCKS: gl.constexpr):
+    """Consumer ``half`` (0 or 1): tokens ``half * TOKENS ..`` of the tile, ``ROWS`` rows, one warpgroup."""
+    queries_ptr, scores_ptr, req_ptr, pos_ptr = ptrs
+    q_smem, k_bufs, ready, empty = bufs
+    T, num_tiles, num_cols, HKV = sizes
+    tile = num_tiles - 1 - gl.program_id(0)
+    first = gl.program_id(1) * BLOCKS
+    kv_head = gl.program_id(2)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane_layout: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, HP], [32 // HP, HP], [4, 1], [1, 0]))
+
+    token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, 2 * TOKENS, token_layout)
+    if first < gl.max(gl.where(live, pos // PAGE, -1), axis=0) + 1:  # else the tile sees none of these blocks
+        # This consumer's query rows, rounded to E4M3 after a power of two per row that takes the row's largest
+        # magnitude into [128, 256) (the rule of indexer.proxy.round_queries_fp8), into shared memory.
+        q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+        q_token = tile * (2 * TOKENS) + half * TOKENS + q_rows // HP
+        q_live = (q_token < T) & (q_rows % HP < HEADS)
+        q_row = (q_token.to(gl.int64) * HKV + kv_head) * HEADS + q_rows % HP
+        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+        q = gl.load(queries_ptr + q_row[:, None] * HEAD_DIM + dims[None, :], mask=q_live[:, None], other=0.0)
+        q = q.to(gl.float32)
+        largest = gl.max(gl.abs(q), axis=1)
+        biased = (largest.to(gl.int32, bitcast=True) >> 23) & 0xFF
+        exponent = gl.where(largest == 0, 119, gl.minimum(gl.maximum(biased - 7, 1), 254))
+        q_smem.store((q * ((254 - exponent) << 23).to(gl.float32, bitcast=True)[:, None]).to(gl.float8e4nv))
+        # A row's products times this are in the fp16 key tiles' units, as the Triton kernel's scores.
+        unscale = gl.convert_layout((exponent << 23).to(gl.float32, bitcast=True) / FP8_KEY_SCALE, rows_layout)
+        row_live = gl.convert_layout(q_live, rows_layout)
+        fence_async_shared()
+
+        s_init = gl.zeros([ROWS, PAGE], gl.float32, mma)
+        lane_token = tile * (2 * TOKENS) + half * TOKENS + gl.arange(0, TOKENS, layout=lane_layout)
+        lane_live = lane_token < T
+        lane_own = gl.load(pos_ptr + lane_token, mask=lane_live, other=0) // PAGE
+        out = scores_ptr + (kv_head.to(gl.int64) * T + lane_token) * num_cols
+        u = 0
+        for p in range(passes):
+            _, end = _pass_bounds(p, live, req, pos, one_request, first, BLOCKS, 2 * TOKENS, token_layout)
+            lane_active = lane_live & (one_request | (lane_token - tile * (2 * TOKENS) == p))
+            for b in range(first, end):
+                stage = u % STAGES
+                phase = (u // STAGES) & 1
+                mbarrier.wait(ready.index(stage), phase)
+                s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_init, use_acc=False)
+                mbarrier.arrive(empty.index(stage), count=1)
+                # Each row's max over the block's keys, in tile units; then each token's max over its groups.
+                best = gl.where(row_live, gl.max(s, axis=1) * unscale, float("-inf"))
+                best = gl.convert_layout(gl.max(gl.reshape(best, [TOKENS, HP]), axis=1), lane_layout)
+                gl.store(out + b, best, mask=lane_active & (b <= lane_own))
+                u += 1
+
+
+@gluon.jit
+def _consumer_worker(ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
+                     BLOCKS: gl.constexpr):
+    """The second consumer, as a worker partition (the first is the default partition)."""
+    _consumer(1, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS)
+
+
+@gluon.jit
+def _ws_proxy_scores_kernel(
+    queries_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # fp16, uint8, int32 x3, fp32
+    T, num_cols, stride_br, stride_bs,
+    HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
+):
+    num_tiles = gl.num_programs(0)
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float8e4nv)
+    k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], k_layout)
+    q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, HEAD_DIM], q_layout)
+    q1_smem = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, HEAD_DIM], q_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
+
+    consumer_ptrs = (queries_ptr, scores_ptr, req_ptr, pos_ptr)
+    consumer_sizes = (T, num_tiles, num_cols, HKV)
+    gl.warp_specialize([
+        (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS)),
+        (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
+                            BLOCKS)),
+        (_producer, ((cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
+                     (T, num_tiles, stride_br, stride_bs), HKV, 2 * TOKENS, BLOCKS)),
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None) -> None:
+    """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`):
+    aggregated queries fp16 ``[n, Hkv * groups, 128]`` (contiguous) against the K of the NVFP4 ``cache``, block
+    maxima over each KV head's groups into ``scores`` fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only);
+    ``blocks``: blocks per program (default :func:`blocks_per_program`; benchmarks sweep it)."""
+    n, rows_per_token, d = queries.shape
+    hkv = cache.shape[1] // 2
+    if rows_per_token != hkv * groups or d != HEAD_DIM or queries.dtype != torch.float16:
+        raise ValueError(f"gluon_proxy.block_scores: fp16 queries [n, {hkv} x {groups}, {HEAD_DIM}] expected, "
+                         f"got {queries.dtype} {tuple(queries.shape)}")
+    if not (queries.is_contiguous() and scores.is_contiguous()):
+        raise ValueError("gluon_proxy.block_scores: queries and scores must be contiguous")
+    tokens = tokens_per_consumer(groups)
+    tiles, cols = triton.cdiv(n, 2 * tokens), block_table.shape[1]
+    if blocks is None:
+        multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
+        blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
+    _ws_proxy_scores_kernel[(tiles, triton.cdiv(cols, blocks), hkv)](
+        queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
+        HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens, BLOCKS=blocks,
+        num_warps=4, maxnreg=MAX_REGS,
+    )

@@ -1,0 +1,66 @@
+"""The warp-specialized fp8 proxy scores for Hopper (``sglang_nvfp4.kernels.gluon_proxy``): its CPU twin is a compile
+check (Gluon has no interpreter), with the installed Triton (CI's) and, through ``tests/test_gluon_host_triton.py``,
+the GPU host's. On a Hopper GPU its scores are checked against float64 ones in ``tests/test_proxy_indexer.py``
+(``check_fp8_kernel``), where the dispatch sends fp8 prefill scores to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from sglang_nvfp4.kernels import gluon_proxy
+
+
+def _signature() -> dict:
+    sig = {"queries_ptr": "*fp16", "cache_ptr": "*u8", "block_table_ptr": "*i32", "req_ptr": "*i32",
+           "pos_ptr": "*i32", "scores_ptr": "*fp32"}
+    sig.update({name: "i32" for name in ("T", "num_cols", "stride_br", "stride_bs")})
+    sig.update({name: "constexpr" for name in ("HKV", "HEADS", "HP", "TOKENS", "BLOCKS")})
+    return sig
+
+
+@pytest.mark.parametrize("groups", [16, 3, 1])
+def test_compiles_for_hopper(groups):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = _signature()
+    constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
+                  "TOKENS": gluon_proxy.tokens_per_consumer(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
+    src = GluonASTSource(gluon_proxy._ws_proxy_scores_kernel, signature, constexprs, attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "maxnreg": gluon_proxy.MAX_REGS})
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.num_warps == 12  # two consumer warpgroups and the producer
+    assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
+    assert "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx
+    # Each consumer's 128 rows x 128 keys: two 64-row tiles x four 32-dim steps of fp8 wgmma from shared memory.
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * 2 * 4
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.rn.satfinite.e4m3x2.f16x2" in ptx  # key decode, rounding to E4M3
+
+
+def test_blocks_per_program_fill_the_gpu():
+    """A whole row of up to 256 blocks per program where the grid holds 2 programs per multiprocessor (132, an
+    H100's or H200's), fewer blocks for short extends over long prefixes, never fewer than 16."""
+    assert gluon_proxy.blocks_per_program(2048, 256, 4, 132) == 256  # 32K prefill, 64/4: 8,192 programs
+    assert gluon_proxy.blocks_per_program(512, 256, 4, 132) == 256  # an 8K chunk over a 24K prefix
+    assert gluon_proxy.blocks_per_program(16, 1024, 4, 132) == 128  # 256 tokens over 128K: 64 x 8 programs
+    assert gluon_proxy.blocks_per_program(2, 1024, 4, 132) == 16  # 32 tokens: 8 x 64 programs, the floor
+    assert gluon_proxy.blocks_per_program(1, 8, 1, 132) == 16  # nothing to split
+
+
+@pytest.mark.parametrize("tokens, rows, groups, want", [(4096, 1, 16, True), (4096, 3, 1, True), (8, 8, 16, False),
+                                                     (4096, 1, 17, False)])
+def test_serves_hopper_prefill_of_at_most_16_groups(monkeypatch, tokens, rows, groups, want):
+    import sglang_nvfp4.kernels as kernels
+
+    monkeypatch.setattr(kernels, "resolve_implementation", lambda device: "gluon")
+    monkeypatch.setattr(kernels, "_gluon_serves", lambda device: True)
+    assert gluon_proxy.supports(torch.device("cuda"), tokens, rows, groups) is want
+    monkeypatch.setattr(kernels, "_gluon_serves", lambda device: False)  # NVFP4_SPARSE_KERNEL=gluon off Hopper
+    assert gluon_proxy.supports(torch.device("cuda"), tokens, rows, groups) is False
+    monkeypatch.setattr(kernels, "_gluon_serves", lambda device: True)
+    monkeypatch.setattr(kernels, "resolve_implementation", lambda device: "triton")
+    assert gluon_proxy.supports(torch.device("cuda"), tokens, rows, groups) is False
