@@ -82,7 +82,7 @@ def main(argv=None):
             print("  the Gluon kernel does not serve this device or call", flush=True)
             continue
         visible = torch.isfinite(want)
-        tiles = -(-n // (2 * gluon_proxy.tokens_per_consumer(groups)))
+        tiles = -(-n // gluon_proxy.tokens_per_tile(groups))
         default = gluon_proxy.blocks_per_program(tiles, blocks, KV_HEADS, props.multi_processor_count)
         for count in dict.fromkeys([default, *args.blocks]):
             got = torch.full_like(want, float("nan"))

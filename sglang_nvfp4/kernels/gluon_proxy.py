@@ -6,26 +6,29 @@ Why a second score kernel. In the Triton kernel one warpgroup loads a key page, 
 64-row accumulators at once, so ptxas waits for each wgmma before the next (sm_90 SASS of Triton 3.6: 16
 ``WARPGROUP.DEPBAR`` for 16 ``QGMMA``), and the tensor cores idle while the warps decode and reduce. At the
 default (top-16 proxy over every query head) that selection costs 13.2 ms per layer at 32K (64/4 heads) on the
-H200, as much as the attention. Here one program (CTA) serves ``2 * TOKENS`` consecutive tokens x the query
-groups of one KV head over up to :func:`blocks_per_program` blocks, in three partitions of one warpgroup each:
+H200, as much as the attention. Here one program (CTA) serves a tile of ``4 * TOKENS`` consecutive tokens x the
+query groups of one KV head (512 rows) over up to :func:`blocks_per_program` blocks, in three partitions of one
+warpgroup each:
 
 * **producer**: for each block the tile's tokens can see, loads the KV head's key page, decodes it (E2M1 times
   its E4M3 scale times ``FP8_KEY_SCALE``, exact in fp16, by :mod:`.gluon_common`'s decoders) and rounds it to
   E4M3 into a ring of ``STAGES`` shared-memory slots, then signals ``ready``;
-* **two consumers** (the default partition and one worker): each owns ``TOKENS`` tokens (128 rows: ``HP`` per
-  token, its query groups padded to a power of two) and rounds its query rows to E4M3 once (a power of two per
-  row). Per slot it runs ``S = Q.K^T`` on the fp8 tensor cores, takes each row's max over the block's keys,
-  scales it back, keeps the max over each token's groups and stores it for the tokens that can see the block.
+* **two consumers** (the default partition and one worker): each owns two subtiles of ``TOKENS`` tokens (128
+  rows each: ``HP`` per token, its query groups padded to a power of two) and rounds their query rows to E4M3
+  once (a power of two per row). Per slot, subtile by subtile (one 128 x 128 fp32 accumulator fits the
+  registers), it runs ``S = Q.K^T`` on the fp8 tensor cores, takes each row's max over the block's keys, scales
+  it back, keeps the max over each token's groups and stores it for the tokens that can see the block.
 
 Scores are those of the Triton kernel: the same E4M3 operands, fp32 accumulation (in the tensor cores' order,
 so they differ by the accumulation's rounding), a row's own block scored over all its keys (the rule forces that
 block, so its score is never read), nothing stored past a token's own block. A tile whose tokens belong to
 several requests is served token by token, as in the Triton kernel.
 
-Measured (H100, ``bench/results/kernels_v2_h100.md``): the same scores bit for bit as the Triton kernel's on a 32K
-prompt, 6.5% faster (11.2 against 12.0 ms at 32K, 64/4; 4% on an 8K chunk over a 24K prefix), not the 2x the
-instruction counts allowed: the producer, one warp per scheduler decoding each page (455 instructions per thread),
-sets the pace.
+Why four subtiles. With one subtile per consumer (256 rows per decoded page) the kernel gave the Triton kernel's
+scores bit for bit and was only 6.5% faster (11.2 against 12.0 ms at 32K, 64/4, H100,
+``bench/results/kernels_v2_h100.md``), not the 2x its instruction counts allowed: the producer, one warp per
+scheduler decoding each page (455 instructions per thread), set the pace, about 2,800 cycles per page against the
+tensor cores' 1,100 for 256 rows. Two subtiles per consumer halve the decoding per row.
 
 Scope (:func:`supports`): NVIDIA sm_90, prefill tiles (more tokens than requests), 1 to 16 query groups per KV
 head; the caller keeps the Triton kernel otherwise. It runs only compiled: ``tests/test_gluon_proxy.py`` compiles it
@@ -45,7 +48,7 @@ from .gluon_prefill import K_LAYOUT, _flat_tile
 from .triton_common import BLOCK_WORDS, HEAD_DIM, NUM_GROUPS, PAGE, ROW_WORDS, SCALE_OFFSET
 from .triton_indexer import FP8_KEY_SCALE
 
-ROWS = gl.constexpr(128)  # (token, group) rows per consumer: two 64-row wgmma tiles of one warpgroup
+ROWS = gl.constexpr(128)  # (token, group) rows per subtile: two 64-row wgmma tiles of one warpgroup
 STAGES = gl.constexpr(3)  # decoded key pages in flight between the producer and the consumers
 # Blocks one program scores (grid axis 1, :func:`blocks_per_program`): each program converts its queries and fills
 # and drains its ring once for that many pages, so the most that still fills the GPU.
@@ -73,7 +76,7 @@ def supports(device: torch.device, num_tokens: int, num_rows: int, groups: int) 
 def blocks_per_program(num_tiles: int, num_cols: int, kv_heads: int, multiprocessors: int) -> int:
     """Blocks per program for a grid of ``num_tiles`` tiles x ``kv_heads`` over a block table ``num_cols`` wide:
     ``MAX_BLOCKS_PER_PROGRAM`` (a whole row up to 32K tokens: 11.2 ms at 32K against 12.3 with 32 and 16.1 with 8,
-    H100), halved while the grid would hold fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor (a short
+    H100, with one subtile per consumer), halved while the grid would hold fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor (a short
     extend over a long prefix), down to ``MIN_BLOCKS_PER_PROGRAM``. Powers of two: at most 5 compiled variants."""
     blocks = MAX_BLOCKS_PER_PROGRAM
     while (blocks > MIN_BLOCKS_PER_PROGRAM
@@ -82,9 +85,14 @@ def blocks_per_program(num_tiles: int, num_cols: int, kv_heads: int, multiproces
     return blocks
 
 
-def tokens_per_consumer(groups: int) -> int:
-    """Tokens per consumer (128 rows) for ``groups`` query groups per KV head; a tile has twice as many."""
+def tokens_per_subtile(groups: int) -> int:
+    """Tokens per subtile (128 rows) for ``groups`` query groups per KV head."""
     return ROWS.value // triton.next_power_of_2(groups)
+
+
+def tokens_per_tile(groups: int) -> int:
+    """Tokens per program (four subtiles: two consumers of two) for ``groups`` query groups per KV head."""
+    return 4 * tokens_per_subtile(groups)
 
 
 @gluon.jit
@@ -174,9 +182,59 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS
 
 
 @gluon.jit
+def _subtile_queries(q_smem, queries_ptr, token0, T, kv_head, HKV, HEADS: gl.constexpr, HP: gl.constexpr,
+                     rows_layout: gl.constexpr):
+    """Rounds the query rows of the ``ROWS // HP`` tokens from ``token0`` to E4M3 into ``q_smem``, after a power
+    of two per row that takes the row's largest magnitude into [128, 256) (the rule of
+    indexer.proxy.round_queries_fp8). Returns, in ``rows_layout``, what turns a row's products back into the fp16
+    key tiles' units (as the Triton kernel's scores) and whether the row is live."""
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+    q_token = token0 + q_rows // HP
+    q_live = (q_token < T) & (q_rows % HP < HEADS)
+    q_row = (q_token.to(gl.int64) * HKV + kv_head) * HEADS + q_rows % HP
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    q = gl.load(queries_ptr + q_row[:, None] * HEAD_DIM + dims[None, :], mask=q_live[:, None], other=0.0)
+    q = q.to(gl.float32)
+    largest = gl.max(gl.abs(q), axis=1)
+    biased = (largest.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    exponent = gl.where(largest == 0, 119, gl.minimum(gl.maximum(biased - 7, 1), 254))
+    q_smem.store((q * ((254 - exponent) << 23).to(gl.float32, bitcast=True)[:, None]).to(gl.float8e4nv))
+    unscale = gl.convert_layout((exponent << 23).to(gl.float32, bitcast=True) / FP8_KEY_SCALE, rows_layout)
+    return unscale, gl.convert_layout(q_live, rows_layout)
+
+
+@gluon.jit
+def _subtile_lanes(pos_ptr, scores_ptr, token0, T, kv_head, num_cols, TOKENS: gl.constexpr,
+                   lane_layout: gl.constexpr):
+    """The ``TOKENS`` tokens from ``token0``, one per lane group: the token, whether it is live, its own block, and
+    its row of ``scores``."""
+    lane_token = token0 + gl.arange(0, TOKENS, layout=lane_layout)
+    lane_live = lane_token < T
+    lane_own = gl.load(pos_ptr + lane_token, mask=lane_live, other=0) // PAGE
+    return lane_token, lane_live, lane_own, scores_ptr + (kv_head.to(gl.int64) * T + lane_token) * num_cols
+
+
+@gluon.jit
+def _store_block_maxima(s, b, queries, lanes, pass_token, TOKENS: gl.constexpr, HP: gl.constexpr,
+                        lane_layout: gl.constexpr):
+    """Block ``b``'s score of each token of a subtile: each row's max over the block's keys (``s``, fp32
+    ``[ROWS, 128]``), in tile units, then each token's max over its groups, stored for the tokens of the pass
+    (``pass_token``: -1 for all) that can see the block."""
+    unscale, row_live = queries
+    lane_token, lane_live, lane_own, out = lanes
+    best = gl.where(row_live, gl.max(s, axis=1) * unscale, float("-inf"))
+    best = gl.convert_layout(gl.max(gl.reshape(best, [TOKENS, HP]), axis=1), lane_layout)
+    active = lane_live & ((pass_token < 0) | (lane_token == pass_token)) & (b <= lane_own)
+    gl.store(out + b, best, mask=active)
+
+
+@gluon.jit
 def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
               BLOCKS: gl.constexpr):
-    """Consumer ``half`` (0 or 1): tokens ``half * TOKENS ..`` of the tile, ``ROWS`` rows, one warpgroup."""
+    """Consumer ``half`` (0 or 1): tokens ``half * 2 * TOKENS ..`` of the tile, as two subtiles of ``TOKENS``
+    tokens (``ROWS`` rows each), one warpgroup. Both subtiles take the products of each key page in turn, so the
+    producer decodes a page once for ``4 * ROWS`` rows; one accumulator at a time fits the registers."""
     queries_ptr, scores_ptr, req_ptr, pos_ptr = ptrs
     q_smem, k_bufs, ready, empty = bufs
     T, num_tiles, num_cols, HKV = sizes
@@ -185,49 +243,35 @@ def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TO
     kv_head = gl.program_id(2)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     lane_layout: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, HP], [32 // HP, HP], [4, 1], [1, 0]))
 
-    token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, 2 * TOKENS, token_layout)
+    tile_t: gl.constexpr = 4 * TOKENS
+    token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, tile_t, token_layout)
     if first < gl.max(gl.where(live, pos // PAGE, -1), axis=0) + 1:  # else the tile sees none of these blocks
-        # This consumer's query rows, rounded to E4M3 after a power of two per row that takes the row's largest
-        # magnitude into [128, 256) (the rule of indexer.proxy.round_queries_fp8), into shared memory.
-        q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
-        q_token = tile * (2 * TOKENS) + half * TOKENS + q_rows // HP
-        q_live = (q_token < T) & (q_rows % HP < HEADS)
-        q_row = (q_token.to(gl.int64) * HKV + kv_head) * HEADS + q_rows % HP
-        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
-        q = gl.load(queries_ptr + q_row[:, None] * HEAD_DIM + dims[None, :], mask=q_live[:, None], other=0.0)
-        q = q.to(gl.float32)
-        largest = gl.max(gl.abs(q), axis=1)
-        biased = (largest.to(gl.int32, bitcast=True) >> 23) & 0xFF
-        exponent = gl.where(largest == 0, 119, gl.minimum(gl.maximum(biased - 7, 1), 254))
-        q_smem.store((q * ((254 - exponent) << 23).to(gl.float32, bitcast=True)[:, None]).to(gl.float8e4nv))
-        # A row's products times this are in the fp16 key tiles' units, as the Triton kernel's scores.
-        unscale = gl.convert_layout((exponent << 23).to(gl.float32, bitcast=True) / FP8_KEY_SCALE, rows_layout)
-        row_live = gl.convert_layout(q_live, rows_layout)
+        token0 = tile * tile_t + half * (2 * TOKENS)
+        queries0 = _subtile_queries(q_smem.index(0), queries_ptr, token0, T, kv_head, HKV, HEADS, HP, rows_layout)
+        queries1 = _subtile_queries(q_smem.index(1), queries_ptr, token0 + TOKENS, T, kv_head, HKV, HEADS, HP,
+                                    rows_layout)
         fence_async_shared()
+        lanes0 = _subtile_lanes(pos_ptr, scores_ptr, token0, T, kv_head, num_cols, TOKENS, lane_layout)
+        lanes1 = _subtile_lanes(pos_ptr, scores_ptr, token0 + TOKENS, T, kv_head, num_cols, TOKENS, lane_layout)
 
         s_init = gl.zeros([ROWS, PAGE], gl.float32, mma)
-        lane_token = tile * (2 * TOKENS) + half * TOKENS + gl.arange(0, TOKENS, layout=lane_layout)
-        lane_live = lane_token < T
-        lane_own = gl.load(pos_ptr + lane_token, mask=lane_live, other=0) // PAGE
-        out = scores_ptr + (kv_head.to(gl.int64) * T + lane_token) * num_cols
         u = 0
         for p in range(passes):
-            _, end = _pass_bounds(p, live, req, pos, one_request, first, BLOCKS, 2 * TOKENS, token_layout)
-            lane_active = lane_live & (one_request | (lane_token - tile * (2 * TOKENS) == p))
+            _, end = _pass_bounds(p, live, req, pos, one_request, first, BLOCKS, tile_t, token_layout)
+            pass_token = gl.where(one_request, -1, tile * tile_t + p)
             for b in range(first, end):
                 stage = u % STAGES
                 phase = (u // STAGES) & 1
                 mbarrier.wait(ready.index(stage), phase)
-                s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_init, use_acc=False)
+                keys_t = k_bufs.index(stage).permute((1, 0))
+                s = warpgroup_mma(q_smem.index(0), keys_t, s_init, use_acc=False)
+                _store_block_maxima(s, b, queries0, lanes0, pass_token, TOKENS, HP, lane_layout)
+                s = warpgroup_mma(q_smem.index(1), keys_t, s_init, use_acc=False)
                 mbarrier.arrive(empty.index(stage), count=1)
-                # Each row's max over the block's keys, in tile units; then each token's max over its groups.
-                best = gl.where(row_live, gl.max(s, axis=1) * unscale, float("-inf"))
-                best = gl.convert_layout(gl.max(gl.reshape(best, [TOKENS, HP]), axis=1), lane_layout)
-                gl.store(out + b, best, mask=lane_active & (b <= lane_own))
+                _store_block_maxima(s, b, queries1, lanes1, pass_token, TOKENS, HP, lane_layout)
                 u += 1
 
 
@@ -248,8 +292,8 @@ def _ws_proxy_scores_kernel(
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float8e4nv)
     k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], k_layout)
-    q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, HEAD_DIM], q_layout)
-    q1_smem = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, HEAD_DIM], q_layout)
+    q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, HEAD_DIM], q_layout)  # a consumer's two subtiles
+    q1_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, HEAD_DIM], q_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -263,7 +307,7 @@ def _ws_proxy_scores_kernel(
         (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
                             BLOCKS)),
         (_producer, ((cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
-                     (T, num_tiles, stride_br, stride_bs), HKV, 2 * TOKENS, BLOCKS)),
+                     (T, num_tiles, stride_br, stride_bs), HKV, 4 * TOKENS, BLOCKS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -279,13 +323,13 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
                          f"got {queries.dtype} {tuple(queries.shape)}")
     if not (queries.is_contiguous() and scores.is_contiguous()):
         raise ValueError("gluon_proxy.block_scores: queries and scores must be contiguous")
-    tokens = tokens_per_consumer(groups)
-    tiles, cols = triton.cdiv(n, 2 * tokens), block_table.shape[1]
+    tiles, cols = triton.cdiv(n, tokens_per_tile(groups)), block_table.shape[1]
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
         blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
     _ws_proxy_scores_kernel[(tiles, triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
-        HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens, BLOCKS=blocks,
+        HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
+        BLOCKS=blocks,
         num_warps=4, maxnreg=MAX_REGS,
     )
