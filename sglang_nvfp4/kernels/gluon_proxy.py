@@ -28,7 +28,10 @@ Why four subtiles. With one subtile per consumer (256 rows per decoded page) the
 scores bit for bit and was only 6.5% faster (11.2 against 12.0 ms at 32K, 64/4, H100,
 ``bench/results/kernels_v2_h100.md``), not the 2x its instruction counts allowed: the producer, one warp per
 scheduler decoding each page (455 instructions per thread), set the pace, about 2,800 cycles per page against the
-tensor cores' 1,100 for 256 rows. Two subtiles per consumer halve the decoding per row.
+tensor cores' 1,100 for 256 rows. Two subtiles per consumer halve the decoding per row: 8.7 ms against the Triton
+kernel's 12.1 at 32K (0.72x; one subtile: 11.3), the same scores bit for bit (H200,
+``bench/results/proxy_scores_h200.md``). With fewer than 16 groups per KV head (a tile of 128-512 tokens) the tile's
+bookkeeping spills 40-88 bytes per thread; the default (every query head: 16 groups at 64/4) does not.
 
 Scope (:func:`supports`): NVIDIA sm_90, prefill tiles (more tokens than requests), 1 to 16 query groups per KV
 head; the caller keeps the Triton kernel otherwise. It runs only compiled: ``tests/test_gluon_proxy.py`` compiles it
