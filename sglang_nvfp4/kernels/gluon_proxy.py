@@ -47,8 +47,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from .gluon_common import decode_words, k_scale_operand, times_f16x2
-from .gluon_prefill import K_LAYOUT, _flat_tile
-from .triton_common import BLOCK_WORDS, HEAD_DIM, NUM_GROUPS, PAGE, ROW_WORDS, SCALE_OFFSET
+from .gluon_prefill import K_LAYOUT, _flat_tile, _load_k
+from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE
 from .triton_indexer import FP8_KEY_SCALE
 
 ROWS = gl.constexpr(128)  # (token, group) rows per subtile: two 64-row wgmma tiles of one warpgroup
@@ -99,22 +99,8 @@ def tokens_per_tile(groups: int) -> int:
 
 
 @gluon.jit
-def _load_k(cache_ptr, k_block):
-    """K of one page and KV head in :data:`.gluon_prefill.K_LAYOUT` (one scale group's 2 code words per thread):
-    code words ``[128, 8, 2]`` and the scale byte of each group ``[128, 8]`` (uint8, ``SliceLayout(2, K_LAYOUT)``)."""
-    groups: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
-    row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, groups))[:, None]
-    group = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(0, groups))[None, :]
-    word = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, K_LAYOUT)))[None, None, :]
-    codes = gl.load(cache_ptr.to(gl.pointer_type(gl.uint32)) + k_block + (row * ROW_WORDS + 2 * group)[:, :, None]
-                    + word)
-    scales = gl.load(cache_ptr + 4 * k_block + row * (4 * ROW_WORDS) + SCALE_OFFSET + group)
-    return codes, scales
-
-
-@gluon.jit
 def _decode_fp8_k(codes, scales, factor):
-    """:func:`_load_k`'s page -> E4M3 ``[128 keys, 128 dims]`` of the values / TILE_SCALE times
+    """:func:`.gluon_prefill._load_k`'s page -> E4M3 ``[128 keys, 128 dims]`` of the values / TILE_SCALE times
     ``FP8_KEY_SCALE`` (at most 336: no saturation), round to nearest even."""
     # Each key scale times FP8_KEY_SCALE (a power of two: the products stay exact), once for its group's words.
     scale = gl.expand_dims(times_f16x2(k_scale_operand(scales.to(gl.uint32)), factor), 2)
