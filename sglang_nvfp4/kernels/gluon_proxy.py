@@ -24,7 +24,7 @@ so they differ by the accumulation's rounding), a row's own block scored over al
 block, so its score is never read), nothing stored past a token's own block. A tile whose tokens belong to
 several requests is served token by token, as in the Triton kernel.
 
-Why four subtiles. With one subtile per consumer (256 rows per decoded page) the kernel gave the Triton kernel's
+Why two subtiles per consumer. With one (256 rows per decoded page) the kernel gave the Triton kernel's
 scores bit for bit and was only 6.5% faster (11.2 against 12.0 ms at 32K, 64/4, H100,
 ``bench/results/kernels_v2_h100.md``), not the 2x its instruction counts allowed: the producer, one warp per
 scheduler decoding each page (455 instructions per thread), set the pace, about 2,800 cycles per page against the
@@ -78,9 +78,10 @@ def supports(device: torch.device, num_tokens: int, num_rows: int, groups: int) 
 
 def blocks_per_program(num_tiles: int, num_cols: int, kv_heads: int, multiprocessors: int) -> int:
     """Blocks per program for a grid of ``num_tiles`` tiles x ``kv_heads`` over a block table ``num_cols`` wide:
-    ``MAX_BLOCKS_PER_PROGRAM`` (a whole row up to 32K tokens: 11.2 ms at 32K against 12.3 with 32 and 16.1 with 8,
-    H100, with one subtile per consumer), halved while the grid would hold fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor (a short
-    extend over a long prefix), down to ``MIN_BLOCKS_PER_PROGRAM``. Powers of two: at most 5 compiled variants."""
+    ``MAX_BLOCKS_PER_PROGRAM`` (a whole row up to 32K tokens: 11.2 ms at 32K against 12.3 with 32 and 16.1 with 8
+    with one subtile per consumer, H100; 8.7 against 9.0 with 64 with two, H200), halved while the grid would hold
+    fewer than ``PROGRAMS_PER_SM`` programs per multiprocessor (a short extend over a long prefix), down to
+    ``MIN_BLOCKS_PER_PROGRAM``. Powers of two: at most 5 compiled variants."""
     blocks = MAX_BLOCKS_PER_PROGRAM
     while (blocks > MIN_BLOCKS_PER_PROGRAM
            and num_tiles * kv_heads * triton.cdiv(num_cols, blocks) < PROGRAMS_PER_SM * multiprocessors):
