@@ -59,7 +59,7 @@ def _stack_bytes(cubin: bytes) -> int:
 @pytest.mark.parametrize("group, width, splits, prefetch, by_pointer", [
     (16, 32, 8, False, True), (16, 16, 8, False, False), (16, 16, 1, False, False), (16, 16, 1, True, False),
     (16, 32, 1, True, True), (16, 32, 2, True, False), (16, 64, 2, False, False), (8, 16, 2, True, False),
-    (32, 64, 2, False, True),
+    (32, 64, 2, False, True), (16, 16, 8, True, False), (16, 32, 16, True, False),  # 1 chunk per split, prefetching
 ])
 def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
     """What ``launch`` compiles, with its register cap, with and without the prefetch where it may pick it."""
@@ -232,6 +232,11 @@ def test_split_counts_follow_the_batch(monkeypatch):
     with pytest.raises(ValueError, match="splits"):
         gluon_decode.launch(q, torch.zeros(1, 2, 128, 72, dtype=torch.uint8), torch.zeros(1, 1, 16, dtype=torch.int32),
                             None, None, None, 1.0, 1.0, 1.0, q, splits=16)
+    wide = torch.zeros(1, 32, fmt.HEAD_DIM)  # 32 rows per KV head: a prefetch would spill
+    with pytest.raises(ValueError, match="prefetch"):
+        gluon_decode.launch(wide, torch.zeros(1, 2, 128, 72, dtype=torch.uint8),
+                            torch.zeros(1, 1, 16, dtype=torch.int32), None, None, None, 1.0, 1.0, 1.0, wide, splits=1,
+                            prefetch=True)
 
 
 @pytest.mark.gpu

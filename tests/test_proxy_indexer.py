@@ -210,13 +210,19 @@ def check_fp8_kernel(device):
     bits (about 14), which moves scores by ~1e-4 of their scale and can swap near-equal blocks, so on a GPU the
     scores are compared within 1e-3 of their scale. On Hopper the prefill problems are scored by the Gluon kernel
     too (:mod:`sglang_nvfp4.kernels.gluon_proxy`, where the dispatch sends fp8 prefill scores), with the same
-    checks: two requests in one tile (scored token by token), 16 groups, 1, and 3 padded to 4; and again in
-    programs of 4 blocks (several programs per row, some with nothing to score)."""
+    checks: two requests in one tile (scored token by token), 16 groups, 1, and 3 padded to 4; one request over
+    several tiles (each scored in one pass; GPU only: too slow interpreted); and again in programs of 4 blocks
+    (several programs per row, some with nothing to score)."""
     from sglang_nvfp4.kernels.triton_indexer import (PROXY_PREFILL_ROWS, _gluon_proxy_scores, learned_tiling,
                                                      proxy_block_scores)
 
-    for seed, group, groups, decode in [(0, 16, 16, False), (1, 4, 1, False), (3, 12, 3, False), (2, 16, 16, True)]:
-        q, cache, table, req, pos = random_problem(seed, group=group, seq_lens=(1500, 700), tokens=(20, 9))
+    cases = [(seed, group, groups, decode, (1500, 700), (20, 9))
+             for seed, group, groups, decode in [(0, 16, 16, False), (1, 4, 1, False), (3, 12, 3, False),
+                                                 (2, 16, 16, True)]]
+    if device != "cpu":
+        cases.append((4, 16, 16, False, (1500,), (100,)))
+    for seed, group, groups, decode, seq_lens, token_counts in cases:
+        q, cache, table, req, pos = random_problem(seed, group=group, seq_lens=seq_lens, tokens=token_counts)
         if decode:
             q, req, pos = q[:2], torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1499, 699], dtype=torch.int32)
         queries = q.view(len(q), -1, group // groups, fmt.HEAD_DIM).float().mean(2).half()  # the proxy's means

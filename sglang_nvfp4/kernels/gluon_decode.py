@@ -104,7 +104,7 @@ def prefetches(rows: int, width: int, programs: int, device: torch.device) -> bo
     page's bytes cost registers (2 programs per multiprocessor instead of 3; with more than 16 rows or 32 ids per
     token they would spill), which pays when the programs fit in one wave at 2 per multiprocessor: at 32K context,
     7-12% faster at batch 32-64 and 4-6% slower at batch 256 (H200, ``bench/results/decode_gluon_h200.md``); 4-5%
-    faster at batch 1, top-16 and top-32, whose programs walk 2 pages each, and within 1% at batch 8 (H100,
+    faster at batch 1, top-16 and top-32, whose programs walk 2 pages each, and 1% slower at batch 8 (H100,
     ``bench/results/kernels_v2_h100.md``)."""
     return rows <= 16 and selection_slots(width) <= 32 and programs <= PROGRAMS_PER_SM * _multiprocessors(device)
 
@@ -423,6 +423,9 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
     chunks_per_split = num_chunks(width) // splits
     if prefetch is None:
         prefetch = prefetches(rows, width, t * hkv * splits, q.device)
+    elif prefetch and (rows > 16 or selection_slots(width) > 32):
+        raise ValueError(f"prefetch: only up to 16 rows and 32 ids per token (it would spill), got {rows} rows and "
+                         f"{width} ids")
     # A prefetch past the last kept page reads page 0's bytes (unused): an empty cache has none.
     prefetch = bool(prefetch) and cache.shape[0] > 0
     _sparse_decode_kernel[(t, hkv, splits)](

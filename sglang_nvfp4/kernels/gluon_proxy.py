@@ -30,8 +30,10 @@ scores bit for bit and was only 6.5% faster (11.2 against 12.0 ms at 32K, 64/4, 
 scheduler decoding each page (455 instructions per thread), set the pace, about 2,800 cycles per page against the
 tensor cores' 1,100 for 256 rows. Two subtiles per consumer halve the decoding per row: 8.7 ms against the Triton
 kernel's 12.1 at 32K (0.72x; one subtile: 11.3), the same scores bit for bit (H200,
-``bench/results/proxy_scores_h200.md``). With fewer than 16 groups per KV head (a tile of 128-512 tokens) the tile's
-bookkeeping spills 40-88 bytes per thread; the default (every query head: 16 groups at 64/4) does not.
+``bench/results/proxy_scores_h200.md``). With 1-4 groups per KV head (tiles of 128-512 tokens; compiled at 1 and 3,
+``bench/gluon_resources.py``) the tile's bookkeeping spills 40-88 bytes per thread; the default (every query head:
+16 groups at 64/4) does not. A tile spanning requests is scored token by token, each pass with all four subtiles'
+products for one token: batches of many short extends over long prefixes were not timed.
 
 Scope (:func:`supports`): NVIDIA sm_90, prefill tiles (more tokens than requests), 1 to 16 query groups per KV
 head; the caller keeps the Triton kernel otherwise. It runs only compiled: ``tests/test_gluon_proxy.py`` compiles it

@@ -297,6 +297,7 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
     tensor cores (twice the fp16 rate); each block's max is scaled back, so scores keep the fp16 path's units.
     ``PREFETCH`` (``FROM_CACHE`` only): the next block's code words load while this block's decode and products
     run (:func:`.triton_common.load_k_codes`, then :func:`.triton_common.decode_k_tile`)."""
+    tl.static_assert(FROM_CACHE or not FP8, "FP8 products need FROM_CACHE: the key factor is applied by decode_k_tile")
     KEY_FACTOR: tl.constexpr = FP8_KEY_SCALE if FP8 else 1.0  # on the key scales (decode_k_tile): the same bits
     tile = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
