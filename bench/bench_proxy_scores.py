@@ -10,7 +10,7 @@ launch ``select_proxy_blocks`` gives it, the Gluon kernel at its default blocks 
 (``gluon_proxy.blocks_per_program``) and at each ``--blocks``; each Gluon row has the max |difference| from the
 Triton scores and whether the same blocks are visible (NaN-poisoned outputs). CUDA-graph replays after an untimed
 run, medians (``timing.graph_ms``). Writes ``DIR/proxy_scores.json``. The data behind
-``gluon_proxy.blocks_per_program`` (``bench/results/kernels_v2_h100.md``).
+``gluon_proxy.blocks_per_program`` and its subtiles (``bench/results/proxy_scores_h200.md``).
 """
 
 from __future__ import annotations
