@@ -30,35 +30,43 @@ def _signature(by_pointer: bool) -> dict:
            "k_scale": ptr_scale, "v_scale": ptr_scale, "sm_scale": "fp32"}
     sig.update({name: "i32" for name in ("T", "stride_qt", "stride_qh", "stride_ot", "stride_oh")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "GROUP_POW2", "TOKENS", "WIDTH", "K_SCALE_BY_POINTER",
-                                               "V_SCALE_BY_POINTER")})
+                                               "V_SCALE_BY_POINTER", "PRODUCER_WARPS", "CONSUMER_REGS",
+                                               "PRODUCER_REGS")})
     return sig
 
 
+@pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
 @pytest.mark.parametrize("group, width, by_pointer", [(16, 32, False), (8, 16, True)])
-def test_compiles_for_hopper(group, width, by_pointer):
+def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     tokens = gluon_prefill.tokens_per_consumer(group)
+    max_regs, consumer_regs, producer_regs = gluon_prefill.REGISTER_PLANS[producer_warps]
     constexprs = {"HKV": 4, "GROUP": group, "GROUP_POW2": triton.next_power_of_2(group), "TOKENS": tokens,
                   "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
-                  "V_SCALE_BY_POINTER": by_pointer}
+                  "V_SCALE_BY_POINTER": by_pointer, "PRODUCER_WARPS": producer_warps,
+                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs}
     signature = _signature(by_pointer)
     # Pointers 16-byte aligned, as the JIT specializes them for torch allocations.
     attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
     src = GluonASTSource(gluon_prefill._ws_prefill_kernel, signature, constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "maxnreg": gluon_prefill.MAX_REGS})
+                              options={"num_warps": 4, "maxnreg": max_regs})
     ptx = compiled.asm["ptx"]
-    assert compiled.metadata.num_warps == 12  # two consumer warpgroups and the producer
+    assert compiled.metadata.num_warps == 8 + producer_warps  # two consumer warpgroups and the producer
+    assert compiled.metadata.num_warps * 32 * max_regs <= 65536  # one CTA's registers fit the SM
+    assert f"setmaxnreg.inc.sync.aligned.u32 \t{producer_regs};" in ptx  # the producer's share
     assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx
     assert ptx.count("cvt.rn.f16x2.e4m3x2") >= 8  # the inline PTX decoders of K and V^T
     # The producer's page reads, written twice (the first page before the loop, the next one inside it): per page
-    # 8 + 8 eight-byte loads of K and V^T code words (16 words per thread), 4 of V^T scale-word pairs (one per token
-    # octet, shared by the thread's 4 dims of a scale group), and 8 K scale bytes, one per group of the thread's words.
-    assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 4)
-    assert ptx.count("ld.global.b8") == 2 * 8
+    # and thread of a 4-warp producer 8 + 8 eight-byte loads of K and V^T code words (16 words per thread), 4 of V^T
+    # scale-word pairs (one per token octet, shared by the thread's 4 dims of a scale group), and 8 K scale bytes, one
+    # per group of the thread's words; 8 warps share a page's bytes, each thread loading half as many.
+    share = 4 / producer_warps
+    assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 4) * share
+    assert ptx.count("ld.global.b8") == 2 * 8 * share
     # The scale operands reach the words' threads without shuffles (a layout mismatch adds 64 per copy); the
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
     # producer's live-key maximum.
@@ -119,6 +127,25 @@ def test_matches_the_reference(lens, extends, heads, kv_heads, width, scales_on_
 
 @pytest.mark.gpu
 @hopper_only
+@pytest.mark.parametrize("lens, extends, heads, kv_heads, width", [
+    ([33068, 700], [32768, 700], 64, 4, 32),
+    ([8492, 1000, 333], [8192, 999, 333], 16, 1, 32),
+    ([5000, 3000], [1000, 777], 32, 4, 16),
+    ([3000], [2999], 40, 4, 16),
+])
+def test_producer_sizes_give_the_same_bits(lens, extends, heads, kv_heads, width):
+    """Every producer size (``REGISTER_PLANS``) decodes the same values into the ring: the same output bits."""
+    q, cache, block_ids, block_table, req, pos, _ = _problem(sum(lens) + 7, lens, extends, heads, kv_heads, width)
+    outs = [gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5,
+                                 torch.full_like(q, float("nan")), producer_warps=warps)
+            for warps in sorted(gluon_prefill.REGISTER_PLANS)]
+    assert not outs[0].isnan().any()
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+
+
+@pytest.mark.gpu
+@hopper_only
 def test_dispatcher_serves_hopper_prefill_with_gluon():
     from sglang_nvfp4 import kernels
 
@@ -152,7 +179,8 @@ def test_batch_invariant():
 
 @pytest.mark.gpu
 @hopper_only
-def test_full_and_empty_unions():
+@pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
+def test_full_and_empty_unions(producer_warps):
     """The producer reads each plan entry and its page one step ahead. Tiles whose union fills the plan row (every
     token selects blocks no other token of its tile does, so the read past the last entry is past the row) and
     tiles with an empty union (every id -1: outputs 0) must match the reference."""
@@ -178,7 +206,8 @@ def test_full_and_empty_unions():
     assert union_len.tolist() == [[full, 0, full, full]] * kv_heads  # the last tile's row ends the plan tensor
     q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     out = torch.full_like(q, float("nan"))
-    gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out)
+    gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out,
+                         producer_warps=producer_warps)
     want = sparse_prefill_reference(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
     assert torch.equal(out[tile_tokens:2 * tile_tokens], torch.zeros_like(out[:tile_tokens]))
     assert _rel_err(out, want) < 6e-3

@@ -6,9 +6,9 @@ the tensor-core products and the softmax, so decoding (CUDA cores) and wgmma (te
 and the kernel is bound by issued instructions (``bench/results/kernels_h200.md``). Plain Triton 3.6
 cannot split those roles between warps; Gluon (``triton.experimental.gluon``) can. One program (CTA)
 serves a tile of ``2 * TOKENS`` consecutive tokens x the query heads of one KV head, in three
-partitions of one warpgroup each:
+partitions:
 
-* **producer** (worker, few registers): for each entry of the tile's union (built by
+* **producer** (worker, ``PRODUCER_WARPS`` warps with few registers): for each entry of the tile's union (built by
   :func:`.triton_prefill.plan_tiles`: pages in ``(block, page)`` order with a member bitmask) it reads
   the page's K and V^T bytes (issued one half-page ahead of their use, so that they land while the previous
   half decodes), decodes them to fp16 (``e2m1 * e4m3`` in inline PTX, scales applied on packed halves, each
@@ -66,11 +66,14 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
 ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
 STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the consumers
 MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the widest run on a GPU so far
-# Registers per thread: 12 warps x MAX_REGS fit one CTA per SM; the default partition (the first consumer)
-# gets what the workers leave, here CONSUMER_REGS too.
-MAX_REGS = 168
-PRODUCER_REGS = gl.constexpr(120)
-CONSUMER_REGS = gl.constexpr(192)
+# Register plans per producer size (warps): (registers per thread at launch, consumer, producer). The CTA's
+# (8 + producer warps) x 32 threads x the launch count fill the register file, one CTA per SM; the default
+# partition (the first consumer) gets what the workers leave, the consumer count again. Neither spills (sm_90).
+REGISTER_PLANS = {4: (168, 192, 120), 8: (128, 168, 88)}
+# The launch default (:func:`run`): 8 warps share each page's decoding, each with half the words of 4 warps.
+# H200, T = 32K, top-16 (bench/results/kernels_h200.md, 2026-12-05): 0.956x the 4-warp kernel's time with
+# per-token random selections (64/4 and 16/1), 0.977x with the indexer's, 0.99x shared by 8 tokens; same bits.
+PRODUCER_WARPS = 8
 
 def supports(heads: int, kv_heads: int, width: int) -> bool:
     """Whether this kernel serves a layer (on an sm_90 device, which the dispatcher checks): 8..64 query
@@ -92,19 +95,31 @@ def tokens_per_consumer(group: int) -> int:
 # (4 adjacent words per thread put two of a row's threads on one position: 2-way conflicts.)
 #
 # K, ``[128 rows, 8 scale groups, 2 words]``: a thread's 2 words are one scale group of one key (one scale byte),
-# in 8 rows x 4 threads per warp, 4 times along the rows and twice along the groups.
-K_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 2], [8, 4, 1], [4, 1, 1], [2, 1, 0]))
+# in 8 rows x 4 threads per warp, the warps along the rows, repeated along the rows and twice along the groups.
+@gluon.constexpr_function
+def k_layout(warps):
+    return gl.BlockedLayout([1, 1, 2], [8, 4, 1], [warps, 1, 1], [2, 1, 0])
+
+
 # V^T, ``[8 scale groups, 2, 4, 2, 16 token octets]`` for dim ``16 g + 8 i + 2 k + j``: a thread's 4 register rows
 # (``k``) are 4 dims of one scale group, which share each token's scale, so a thread loads and converts the 8 scales
 # of each of its 4 octets once for 4 dims (16 conversions per page instead of 64). Lanes: octet pairs (bits 0-1),
-# ``j`` (bit 2), ``i`` (bit 3), ``g`` (bit 4, then the warps).
-VT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 4, 1, 2], [2, 2, 1, 2, 4], [4, 1, 1, 1, 1], [4, 3, 1, 0, 2]))
+# ``j`` (bit 2), ``i`` (bit 3), ``g`` (bit 4, then 4 warps); 8 warps split the octets in two halves.
+@gluon.constexpr_function
+def vt_layout(warps):
+    return gl.BlockedLayout([1, 1, 4, 1, 2], [2, 2, 1, 2, 4], [4, 1, 1, 1, warps // 4], [4, 3, 1, 0, 2])
+
+
 # The V^T view with a last axis of 2: a token octet's two scale words, one 8-byte load per thread and octet.
-VT_PAIRS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 4, 1, 2, 2], [2, 2, 1, 2, 4, 1], [4, 1, 1, 1, 1, 1],
-                                                [5, 4, 3, 1, 0, 2]))
+@gluon.constexpr_function
+def vt_pairs_layout(warps):
+    return gl.BlockedLayout([1, 1, 4, 1, 2, 2], [2, 2, 1, 2, 4, 1], [4, 1, 1, 1, warps // 4, 1], [5, 4, 3, 1, 0, 2])
+
+
 # Per-octet scales ``[8 groups, 16 octets]``, broadcast over the dims of a group (``i``, ``k``, ``j``).
-VT_OCTETS = gl.constexpr(gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, VT_LAYOUT))))
-VT_OCTET_PAIRS = gl.constexpr(gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, VT_PAIRS_LAYOUT))))
+@gluon.constexpr_function
+def octets_of(layout):
+    return gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, layout)))
 
 
 @gluon.jit
@@ -115,9 +130,10 @@ def _flat_tile(decoded):
 
 
 @gluon.jit
-def _load_k(cache_ptr, k_block):
-    """K of one page and KV head, in ``K_LAYOUT``: code words ``[128, 8, 2]`` and the scale byte of each
-    ``[128, 8]`` (uint8, ``SliceLayout(2, K_LAYOUT)``)."""
+def _load_k(cache_ptr, k_block, WARPS: gl.constexpr):
+    """K of one page and KV head, in :func:`k_layout` over ``WARPS`` warps: code words ``[128, 8, 2]`` and the scale
+    byte of each ``[128, 8]`` (uint8, its slice 2)."""
+    K_LAYOUT: gl.constexpr = k_layout(WARPS)
     groups: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
     row = gl.arange(0, PAGE, layout=gl.SliceLayout(1, groups))[:, None]
     group = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(0, groups))[None, :]
@@ -137,9 +153,12 @@ def _decode_k(codes, scales):
 
 
 @gluon.jit
-def _load_vt(cache_ptr, v_block):
-    """V^T of one page and KV head: code words in ``VT_LAYOUT`` and each token octet's 8 scales as two words
-    ``[8 groups, 16 octets]`` (``VT_OCTETS``)."""
+def _load_vt(cache_ptr, v_block, WARPS: gl.constexpr):
+    """V^T of one page and KV head: code words in :func:`vt_layout` over ``WARPS`` warps and each token octet's 8
+    scales as two words ``[8 groups, 16 octets]`` (:func:`octets_of` that layout)."""
+    VT_LAYOUT: gl.constexpr = vt_layout(WARPS)
+    VT_OCTETS: gl.constexpr = octets_of(VT_LAYOUT)
+    VT_OCTET_PAIRS: gl.constexpr = octets_of(vt_pairs_layout(WARPS))
     words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32)) + v_block
     l4: gl.constexpr = gl.SliceLayout(4, VT_LAYOUT)
     g = gl.arange(0, NUM_GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
@@ -166,7 +185,7 @@ def _decode_vt(codes, lo, hi, live_keys):
     thread's 4 dims of a group; the scales of tokens at or past ``live_keys`` are zeroed first (a page behind
     every reader, the common case, skips the masks)."""
     if live_keys < PAGE:
-        octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, VT_OCTETS))[None, :]
+        octet = gl.arange(0, CODE_WORDS, layout=gl.SliceLayout(0, lo.type.layout))[None, :]
         lo_mask, hi_mask = live_token_masks(octet, live_keys)
         lo = lo & lo_mask
         hi = hi & hi_mask
@@ -197,7 +216,7 @@ def _live_keys(members, block, tile_token, tile_pos):
 
 @gluon.jit
 def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH: gl.constexpr):
-    """Decodes the K and V^T tiles of every union page into the ring (one warpgroup).
+    """Decodes the K and V^T tiles of every union page into the ring (its warps share each page's words).
 
     The loads run one step ahead of the decoding: a fence (``fence_async_shared``, before each hand-off) waits
     for every load the thread has in flight, so each load is issued right after a hand-off and lands while the
@@ -208,7 +227,8 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     T, num_tiles = sizes
     tile = num_tiles - 1 - gl.program_id(0)
     kv_head = gl.program_id(1)
-    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    WARPS: gl.constexpr = gl.num_warps()
+    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     tile_token = gl.arange(0, TILE_T, layout=token_layout)
     token = tile * TILE_T + tile_token
     tile_pos = gl.load(pos_ptr + token, mask=token < T, other=-1)
@@ -219,8 +239,8 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     v_offset = (HKV + kv_head) * BLOCK_WORDS
 
     page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, 0, union_len)
-    k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset)
-    v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset)
+    k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset, WARPS)
+    v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset, WARPS)
     for u in range(union_len):
         stage = u % STAGES
         phase = (u // STAGES) & 1
@@ -231,11 +251,11 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
         mbarrier.arrive(k_ready.index(stage), count=1)
         # Past the last entry these read page 0 (in bounds) and decode nothing.
         page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u + 1, union_len)
-        k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset)
+        k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset, WARPS)
         v_bufs.index(stage).store(_decode_vt(v_codes, v_lo, v_hi, live_keys))
         fence_async_shared()
         mbarrier.arrive(v_ready.index(stage), count=1)
-        v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset)
+        v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset, WARPS)
 
 
 @gluon.jit
@@ -327,6 +347,7 @@ def _ws_prefill_kernel(
     T, stride_qt, stride_qh, stride_ot, stride_oh,
     HKV: gl.constexpr, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr, WIDTH: gl.constexpr,
     K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
+    PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float16)
@@ -353,7 +374,7 @@ def _ws_prefill_kernel(
                             GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
         (_producer, ((cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr),
                      rings, (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
-    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def plan(block_ids, block_table, req, pos, group: int):
@@ -362,9 +383,14 @@ def plan(block_ids, block_table, req, pos, group: int):
     return triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens_per_consumer(group))
 
 
-def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out):
+def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warps: int | None = None):
     """The kernel over a :func:`plan` (``tile_plan``); ``q`` ``[T, H, 128]``, ``out`` like it, ``pos`` int32
-    ``[T]``. Returns ``out``."""
+    ``[T]``; ``producer_warps``: 4 or 8 (``REGISTER_PLANS``; default ``PRODUCER_WARPS``; either gives the same
+    output). Returns ``out``."""
+    producer_warps = PRODUCER_WARPS if producer_warps is None else producer_warps
+    if producer_warps not in REGISTER_PLANS:
+        raise ValueError(f"producer_warps: one of {sorted(REGISTER_PLANS)}, got {producer_warps}")
+    max_regs, consumer_regs, producer_regs = REGISTER_PLANS[producer_warps]
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
@@ -376,16 +402,19 @@ def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out):
         HKV=hkv, GROUP=group, GROUP_POW2=triton.next_power_of_2(group), TOKENS=tokens_per_consumer(group),
         WIDTH=tiles.shape[3],
         K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
-        num_warps=4, maxnreg=MAX_REGS,
+        PRODUCER_WARPS=producer_warps, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
+        num_warps=4, maxnreg=max_regs,
     )
     return out
 
 
-def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):
+def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
+           producer_warps: int | None = None):
     """Sparse prefill on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_prefill`); arguments as
     validated by the dispatcher and as in :func:`.triton_prefill.launch`, the layer within
-    :func:`supports`. Returns ``out``."""
+    :func:`supports`; ``producer_warps`` as in :func:`run`. Returns ``out``."""
     if q.shape[0] == 0:
         return out
     group = q.shape[1] // (cache.shape[1] // 2)
-    return run(q, cache, pos, plan(block_ids, block_table, req, pos, group), k_scale, v_scale, sm_scale, out)
+    return run(q, cache, pos, plan(block_ids, block_table, req, pos, group), k_scale, v_scale, sm_scale, out,
+               producer_warps)

@@ -49,7 +49,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from .gluon_common import decode_words, k_scale_operand, times_f16x2
-from .gluon_prefill import K_LAYOUT, _flat_tile, _load_k
+from .gluon_prefill import _flat_tile, _load_k, k_layout
 from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE
 from .triton_indexer import FP8_KEY_SCALE
 
@@ -147,11 +147,12 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS
     tile = num_tiles - 1 - gl.program_id(0)
     first = gl.program_id(1) * BLOCKS
     kv_head = gl.program_id(2)
-    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    WARPS: gl.constexpr = gl.num_warps()
+    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, TILE_T, token_layout)
     # No pass when the tile sees none of these blocks (the consumers skip them too).
     passes = gl.where(first < gl.max(gl.where(live, pos // PAGE, -1), axis=0) + 1, passes, 0)
-    scale_layout: gl.constexpr = gl.SliceLayout(2, K_LAYOUT)
+    scale_layout: gl.constexpr = gl.SliceLayout(2, k_layout(WARPS))
     factor = gl.full([PAGE, 8], _KEY_FACTOR_F16X2, gl.uint32, scale_layout)
     page_words = 2 * HKV * BLOCK_WORDS
     u = 0
@@ -160,7 +161,7 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS
         row = block_table_ptr + r * stride_br
         # Past the pass's last block these read page 0 (in bounds) and decode nothing.
         page = gl.load(row + first * stride_bs, mask=first < end, other=0).to(gl.int64)
-        codes, scales = _load_k(cache_ptr, page * page_words + kv_head * BLOCK_WORDS)
+        codes, scales = _load_k(cache_ptr, page * page_words + kv_head * BLOCK_WORDS, WARPS)
         for b in range(first, end):
             stage = u % STAGES
             phase = (u // STAGES) & 1
@@ -169,7 +170,7 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS
             fence_async_shared()  # order the generic-proxy stores before the consumers' wgmma reads
             mbarrier.arrive(ready.index(stage), count=1)
             page = gl.load(row + (b + 1) * stride_bs, mask=b + 1 < end, other=0).to(gl.int64)
-            codes, scales = _load_k(cache_ptr, page * page_words + kv_head * BLOCK_WORDS)
+            codes, scales = _load_k(cache_ptr, page * page_words + kv_head * BLOCK_WORDS, WARPS)
             u += 1
 
 
