@@ -45,7 +45,8 @@ def main(argv=None):
     for groups in args.groups:
         signature = _signature()
         constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
-                      "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM}
+                      "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM,
+                      "SUBTILES": gluon_proxy.SUBTILES}
         attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
         compiled = triton.compile(GluonASTSource(gluon_proxy._ws_proxy_scores_kernel, signature, constexprs, attrs),
                                   target=GPUTarget("cuda", 90, 32),

@@ -20,14 +20,14 @@ def _signature() -> dict:
     return sig
 
 
-@pytest.mark.parametrize("groups", [16, 3, 1])
-def test_compiles_for_hopper(groups):
+@pytest.mark.parametrize("groups, subtiles", [(16, 2), (3, 2), (1, 2), (16, 4)])
+def test_compiles_for_hopper(groups, subtiles):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = _signature()
     constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
-                  "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM}
+                  "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM, "SUBTILES": subtiles}
     attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
     src = GluonASTSource(gluon_proxy._ws_proxy_scores_kernel, signature, constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -37,15 +37,16 @@ def test_compiles_for_hopper(groups):
     assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
     assert "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx
     # Per consumer, each subtile's 128 rows x 128 keys: two 64-row tiles x four 32-dim steps of fp8 wgmma from
-    # shared memory; two consumers of two subtiles.
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * 2 * 2 * 4
+    # shared memory; two consumers.
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * subtiles * 2 * 4
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.rn.satfinite.e4m3x2.f16x2" in ptx  # key decode, rounding to E4M3
 
 
 def test_blocks_per_program_fill_the_gpu():
     """A whole row of up to 256 blocks per program where the grid holds 2 programs per multiprocessor (132, an
     H100's or H200's), fewer blocks for short extends over long prefixes, never fewer than 16."""
-    assert gluon_proxy.tokens_per_tile(16) == 32 and gluon_proxy.tokens_per_tile(3) == 128
+    assert gluon_proxy.tokens_per_tile(16, 2) == 32 and gluon_proxy.tokens_per_tile(3, 2) == 128
+    assert gluon_proxy.tokens_per_tile(16, 4) == 64
     assert gluon_proxy.blocks_per_program(1024, 256, 4, 132) == 256  # 32K prefill, 64/4: 4,096 programs
     assert gluon_proxy.blocks_per_program(256, 256, 4, 132) == 256  # an 8K chunk over a 24K prefix
     assert gluon_proxy.blocks_per_program(8, 1024, 4, 132) == 64  # 256 tokens over 128K: 32 x 16 programs

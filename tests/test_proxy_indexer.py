@@ -212,7 +212,7 @@ def check_fp8_kernel(device):
     too (:mod:`sglang_nvfp4.kernels.gluon_proxy`, where the dispatch sends fp8 prefill scores), with the same
     checks: two requests in one tile (scored token by token), 16 groups, 1, and 3 padded to 4; one request over
     several tiles (each scored in one pass; GPU only: too slow interpreted); and again in programs of 4 blocks
-    (several programs per row, some with nothing to score)."""
+    (several programs per row, some with nothing to score) and with 4 subtiles per consumer."""
     from sglang_nvfp4.kernels.triton_indexer import (PROXY_PREFILL_ROWS, _gluon_proxy_scores, learned_tiling,
                                                      proxy_block_scores)
 
@@ -236,6 +236,7 @@ def check_fp8_kernel(device):
             kernels["gluon"] = lambda out: gluon(queries.to(device), *args[1:], out, groups)
             kernels["gluon, 4 blocks per program"] = lambda out: gluon(queries.to(device), *args[1:], out, groups,
                                                                        blocks=4)
+            kernels["gluon, 4 subtiles"] = lambda out: gluon(queries.to(device), *args[1:], out, groups, subtiles=4)
         for name, kernel in kernels.items():
             got = torch.full(want.shape, float("nan"), device=device)  # poison: only blocks up to the own are written
             kernel(got)

@@ -59,6 +59,10 @@ STAGES = gl.constexpr(3)  # decoded key pages in flight between the producer and
 # and drains its ring once for that many pages, so the most that still fills the GPU.
 MAX_BLOCKS_PER_PROGRAM, MIN_BLOCKS_PER_PROGRAM = 256, 16
 PROGRAMS_PER_SM = 2  # the fewest programs per multiprocessor a launch aims for (one fits at a time)
+# 128-row subtiles per consumer: a decoded page serves 2 * SUBTILES * 128 rows. 2 measured (H200); 4 staged: more rows
+# per decoded page, 64 KB more shared memory (180 KB) and 112-136 bytes of spills per thread at 168 registers (Triton
+# 3.6 / 3.8; other register splits between consumers and producer spill too), not yet run.
+SUBTILES = 2
 MAX_REGS = 168
 PRODUCER_REGS = gl.constexpr(120)
 CONSUMER_REGS = gl.constexpr(192)
@@ -96,9 +100,9 @@ def tokens_per_subtile(groups: int) -> int:
     return ROWS.value // triton.next_power_of_2(groups)
 
 
-def tokens_per_tile(groups: int) -> int:
-    """Tokens per program (four subtiles: two consumers of two) for ``groups`` query groups per KV head."""
-    return 4 * tokens_per_subtile(groups)
+def tokens_per_tile(groups: int, subtiles: int) -> int:
+    """Tokens per program (two consumers of ``subtiles`` subtiles) for ``groups`` query groups per KV head."""
+    return 2 * subtiles * tokens_per_subtile(groups)
 
 
 @gluon.jit
@@ -180,7 +184,7 @@ def _subtile_queries(q_smem, queries_ptr, token0, T, kv_head, HKV, HEADS: gl.con
     """Rounds the query rows of the ``ROWS // HP`` tokens from ``token0`` to E4M3 into ``q_smem``, after a power
     of two per row that takes the row's largest magnitude into [128, 256) (the rule of
     indexer.proxy.round_queries_fp8). Returns, in ``rows_layout``, what turns a row's products back into the fp16
-    key tiles' units (as the Triton kernel's scores) and whether the row is live."""
+    key tiles' units (as the Triton kernel's scores)."""
     q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
     q_token = token0 + q_rows // HP
@@ -193,41 +197,39 @@ def _subtile_queries(q_smem, queries_ptr, token0, T, kv_head, HKV, HEADS: gl.con
     biased = (largest.to(gl.int32, bitcast=True) >> 23) & 0xFF
     exponent = gl.where(largest == 0, 119, gl.minimum(gl.maximum(biased - 7, 1), 254))
     q_smem.store((q * ((254 - exponent) << 23).to(gl.float32, bitcast=True)[:, None]).to(gl.float8e4nv))
-    unscale = gl.convert_layout((exponent << 23).to(gl.float32, bitcast=True) / FP8_KEY_SCALE, rows_layout)
-    return unscale, gl.convert_layout(q_live, rows_layout)
+    return gl.convert_layout((exponent << 23).to(gl.float32, bitcast=True) / FP8_KEY_SCALE, rows_layout)
 
 
 @gluon.jit
-def _subtile_lanes(pos_ptr, scores_ptr, token0, T, kv_head, num_cols, TOKENS: gl.constexpr,
-                   lane_layout: gl.constexpr):
-    """The ``TOKENS`` tokens from ``token0``, one per lane group: the token, whether it is live, its own block, and
-    its row of ``scores``."""
+def _own_blocks(pos_ptr, token0, T, TOKENS: gl.constexpr, lane_layout: gl.constexpr):
+    """The own block of each of the ``TOKENS`` tokens from ``token0`` (one per lane group; 0 past ``T``)."""
     lane_token = token0 + gl.arange(0, TOKENS, layout=lane_layout)
-    lane_live = lane_token < T
-    lane_own = gl.load(pos_ptr + lane_token, mask=lane_live, other=0) // PAGE
-    return lane_token, lane_live, lane_own, scores_ptr + (kv_head.to(gl.int64) * T + lane_token) * num_cols
+    return gl.load(pos_ptr + lane_token, mask=lane_token < T, other=0) // PAGE
 
 
 @gluon.jit
-def _store_block_maxima(s, b, queries, lanes, pass_token, TOKENS: gl.constexpr, HP: gl.constexpr,
-                        lane_layout: gl.constexpr):
-    """Block ``b``'s score of each token of a subtile: each row's max over the block's keys (``s``, fp32
-    ``[ROWS, 128]``), in tile units, then each token's max over its groups, stored for the tokens of the pass
-    (``pass_token``: -1 for all) that can see the block."""
-    unscale, row_live = queries
-    lane_token, lane_live, lane_own, out = lanes
+def _store_block_maxima(s, b, unscale, own, token0, scores_ptr, T, kv_head, num_cols, pass_token,
+                        HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, lane_layout: gl.constexpr):
+    """Block ``b``'s score of the ``TOKENS`` tokens of a subtile from ``token0``: each row's max over the block's
+    keys (``s``, fp32 ``[ROWS, 128]``), times its ``unscale`` (:func:`_subtile_queries`), then each token's max over
+    its groups, stored for the tokens of the pass (``pass_token``: -1 for all) that can see the block (``own``:
+    their own blocks, :func:`_own_blocks`). Token indices are recomputed here rather than kept in registers."""
+    rows = gl.arange(0, ROWS, layout=unscale.type.layout)
+    row_live = (token0 + rows // HP < T) & (rows % HP < HEADS)
     best = gl.where(row_live, gl.max(s, axis=1) * unscale, float("-inf"))
     best = gl.convert_layout(gl.max(gl.reshape(best, [TOKENS, HP]), axis=1), lane_layout)
-    active = lane_live & ((pass_token < 0) | (lane_token == pass_token)) & (b <= lane_own)
-    gl.store(out + b, best, mask=active)
+    lane_token = token0 + gl.arange(0, TOKENS, layout=lane_layout)
+    active = (lane_token < T) & ((pass_token < 0) | (lane_token == pass_token)) & (b <= own)
+    gl.store(scores_ptr + (kv_head.to(gl.int64) * T + lane_token) * num_cols + b, best, mask=active)
 
 
 @gluon.jit
 def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
-              BLOCKS: gl.constexpr):
-    """Consumer ``half`` (0 or 1): tokens ``half * 2 * TOKENS ..`` of the tile, as two subtiles of ``TOKENS``
-    tokens (``ROWS`` rows each), one warpgroup. Both subtiles take the products of each key page in turn, so the
-    producer decodes a page once for ``4 * ROWS`` rows; one accumulator at a time fits the registers."""
+              BLOCKS: gl.constexpr, SUBTILES: gl.constexpr):
+    """Consumer ``half`` (0 or 1): tokens ``half * SUBTILES * TOKENS ..`` of the tile, as ``SUBTILES`` (2 or 4)
+    subtiles of ``TOKENS`` tokens (``ROWS`` rows each), one warpgroup. The subtiles take the products of each key
+    page in turn, so the producer decodes a page once for ``2 * SUBTILES * ROWS`` rows; one accumulator at a time
+    fits the registers."""
     queries_ptr, scores_ptr, req_ptr, pos_ptr = ptrs
     q_smem, k_bufs, ready, empty = bufs
     T, num_tiles, num_cols, HKV = sizes
@@ -239,16 +241,26 @@ def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TO
     token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     lane_layout: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, HP], [32 // HP, HP], [4, 1], [1, 0]))
 
-    tile_t: gl.constexpr = 4 * TOKENS
+    tile_t: gl.constexpr = 2 * SUBTILES * TOKENS
     token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, tile_t, token_layout)
     if first < gl.max(gl.where(live, pos // PAGE, -1), axis=0) + 1:  # else the tile sees none of these blocks
-        token0 = tile * tile_t + half * (2 * TOKENS)
-        queries0 = _subtile_queries(q_smem.index(0), queries_ptr, token0, T, kv_head, HKV, HEADS, HP, rows_layout)
-        queries1 = _subtile_queries(q_smem.index(1), queries_ptr, token0 + TOKENS, T, kv_head, HKV, HEADS, HP,
-                                    rows_layout)
+        token0 = tile * tile_t + half * (SUBTILES * TOKENS)
+        # Per subtile, its rows' unscale and its tokens' own blocks: tuples indexed by the unrolled subtile loop
+        # below (only these stay in registers).
+        unscales = (_subtile_queries(q_smem.index(0), queries_ptr, token0, T, kv_head, HKV, HEADS, HP, rows_layout),
+                    _subtile_queries(q_smem.index(1), queries_ptr, token0 + TOKENS, T, kv_head, HKV, HEADS, HP,
+                                     rows_layout))
+        owns = (_own_blocks(pos_ptr, token0, T, TOKENS, lane_layout),
+                _own_blocks(pos_ptr, token0 + TOKENS, T, TOKENS, lane_layout))
+        if SUBTILES == 4:
+            unscales = unscales + (
+                _subtile_queries(q_smem.index(2), queries_ptr, token0 + 2 * TOKENS, T, kv_head, HKV, HEADS, HP,
+                                 rows_layout),
+                _subtile_queries(q_smem.index(3), queries_ptr, token0 + 3 * TOKENS, T, kv_head, HKV, HEADS, HP,
+                                 rows_layout))
+            owns = owns + (_own_blocks(pos_ptr, token0 + 2 * TOKENS, T, TOKENS, lane_layout),
+                           _own_blocks(pos_ptr, token0 + 3 * TOKENS, T, TOKENS, lane_layout))
         fence_async_shared()
-        lanes0 = _subtile_lanes(pos_ptr, scores_ptr, token0, T, kv_head, num_cols, TOKENS, lane_layout)
-        lanes1 = _subtile_lanes(pos_ptr, scores_ptr, token0 + TOKENS, T, kv_head, num_cols, TOKENS, lane_layout)
 
         s_init = gl.zeros([ROWS, PAGE], gl.float32, mma)
         u = 0
@@ -260,19 +272,20 @@ def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TO
                 phase = (u // STAGES) & 1
                 mbarrier.wait(ready.index(stage), phase)
                 keys_t = k_bufs.index(stage).permute((1, 0))
-                s = warpgroup_mma(q_smem.index(0), keys_t, s_init, use_acc=False)
-                _store_block_maxima(s, b, queries0, lanes0, pass_token, TOKENS, HP, lane_layout)
-                s = warpgroup_mma(q_smem.index(1), keys_t, s_init, use_acc=False)
-                mbarrier.arrive(empty.index(stage), count=1)
-                _store_block_maxima(s, b, queries1, lanes1, pass_token, TOKENS, HP, lane_layout)
+                for sub in gl.static_range(SUBTILES):
+                    s = warpgroup_mma(q_smem.index(sub), keys_t, s_init, use_acc=False)
+                    if sub == SUBTILES - 1:  # the last read of the slot
+                        mbarrier.arrive(empty.index(stage), count=1)
+                    _store_block_maxima(s, b, unscales[sub], owns[sub], token0 + sub * TOKENS, scores_ptr, T, kv_head,
+                                        num_cols, pass_token, HEADS, HP, TOKENS, lane_layout)
                 u += 1
 
 
 @gluon.jit
 def _consumer_worker(ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
-                     BLOCKS: gl.constexpr):
+                     BLOCKS: gl.constexpr, SUBTILES: gl.constexpr):
     """The second consumer, as a worker partition (the first is the default partition)."""
-    _consumer(1, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS)
+    _consumer(1, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS, SUBTILES)
 
 
 @gluon.jit
@@ -280,13 +293,14 @@ def _ws_proxy_scores_kernel(
     queries_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # fp16, uint8, int32 x3, fp32
     T, num_cols, stride_br, stride_bs,
     HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
+    SUBTILES: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float8e4nv)
     k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], k_layout)
-    q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, HEAD_DIM], q_layout)  # a consumer's two subtiles
-    q1_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, HEAD_DIM], q_layout)
+    q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [SUBTILES, ROWS, HEAD_DIM], q_layout)  # a consumer's subtiles
+    q1_smem = gl.allocate_shared_memory(gl.float8e4nv, [SUBTILES, ROWS, HEAD_DIM], q_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -296,19 +310,22 @@ def _ws_proxy_scores_kernel(
     consumer_ptrs = (queries_ptr, scores_ptr, req_ptr, pos_ptr)
     consumer_sizes = (T, num_tiles, num_cols, HKV)
     gl.warp_specialize([
-        (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS)),
+        (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS,
+                     SUBTILES)),
         (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
-                            BLOCKS)),
+                            BLOCKS, SUBTILES)),
         (_producer, ((cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
-                     (T, num_tiles, stride_br, stride_bs), HKV, 4 * TOKENS, BLOCKS)),
+                     (T, num_tiles, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None) -> None:
+def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None,
+                 subtiles: int | None = None) -> None:
     """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`):
     aggregated queries fp16 ``[n, Hkv * groups, 128]`` (contiguous) against the K of the NVFP4 ``cache``, block
     maxima over each KV head's groups into ``scores`` fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only);
-    ``blocks``: blocks per program (default :func:`blocks_per_program`; benchmarks sweep it)."""
+    ``blocks``: blocks per program (default :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per
+    consumer, 2 or 4 (default ``SUBTILES``); benchmarks sweep both."""
     n, rows_per_token, d = queries.shape
     hkv = cache.shape[1] // 2
     if rows_per_token != hkv * groups or d != HEAD_DIM or queries.dtype != torch.float16:
@@ -316,13 +333,16 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
                          f"got {queries.dtype} {tuple(queries.shape)}")
     if not (queries.is_contiguous() and scores.is_contiguous()):
         raise ValueError("gluon_proxy.block_scores: queries and scores must be contiguous")
-    tiles, cols = triton.cdiv(n, tokens_per_tile(groups)), block_table.shape[1]
+    subtiles = SUBTILES if subtiles is None else subtiles
+    if subtiles not in (2, 4):
+        raise ValueError(f"gluon_proxy.block_scores: subtiles: 2 or 4, got {subtiles!r}")
+    tiles, cols = triton.cdiv(n, tokens_per_tile(groups, subtiles)), block_table.shape[1]
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
         blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
     _ws_proxy_scores_kernel[(tiles, triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
-        BLOCKS=blocks,
+        BLOCKS=blocks, SUBTILES=subtiles,
         num_warps=4, maxnreg=MAX_REGS,
     )
