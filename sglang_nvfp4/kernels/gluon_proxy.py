@@ -63,9 +63,12 @@ PROGRAMS_PER_SM = 2  # the fewest programs per multiprocessor a launch aims for 
 # per decoded page, 64 KB more shared memory (180 KB) and 112-136 bytes of spills per thread at 168 registers (Triton
 # 3.6 / 3.8; other register splits between consumers and producer spill too), not yet run.
 SUBTILES = 2
-MAX_REGS = 168
-PRODUCER_REGS = gl.constexpr(120)
-CONSUMER_REGS = gl.constexpr(192)
+# Register plans per producer size (warps): (registers per thread at launch, consumer, producer); the CTA's
+# (8 + producer warps) x 32 threads x the launch count fill the register file (one CTA per SM), and the default
+# partition (the first consumer) gets the consumer count. 8 warps share each page's decoding, each with half the
+# words; built for sm_90 with 2 subtiles, neither spills (Triton 3.6). 8 staged, not yet run.
+REGISTER_PLANS = {4: (168, 192, 120), 8: (128, 192, 64)}
+PRODUCER_WARPS = 4
 # FP8_KEY_SCALE as fp16 bits in both halves of a word: the operand that scales each key scale.
 _KEY_FACTOR_F16X2 = gl.constexpr(
     int(torch.tensor(FP8_KEY_SCALE.value, dtype=torch.float16).view(torch.int16).item()) * 0x10001)
@@ -293,7 +296,7 @@ def _ws_proxy_scores_kernel(
     queries_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # fp16, uint8, int32 x3, fp32
     T, num_cols, stride_br, stride_bs,
     HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
-    SUBTILES: gl.constexpr,
+    SUBTILES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
@@ -316,16 +319,17 @@ def _ws_proxy_scores_kernel(
                             BLOCKS, SUBTILES)),
         (_producer, ((cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
                      (T, num_tiles, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
-    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None,
-                 subtiles: int | None = None) -> None:
+                 subtiles: int | None = None, producer_warps: int | None = None) -> None:
     """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`):
     aggregated queries fp16 ``[n, Hkv * groups, 128]`` (contiguous) against the K of the NVFP4 ``cache``, block
     maxima over each KV head's groups into ``scores`` fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only);
     ``blocks``: blocks per program (default :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per
-    consumer, 2 or 4 (default ``SUBTILES``); benchmarks sweep both."""
+    consumer, 2 or 4 (default ``SUBTILES``), ``producer_warps``: 4 or 8 (``REGISTER_PLANS``, default
+    ``PRODUCER_WARPS``); benchmarks sweep them, and each gives the same scores."""
     n, rows_per_token, d = queries.shape
     hkv = cache.shape[1] // 2
     if rows_per_token != hkv * groups or d != HEAD_DIM or queries.dtype != torch.float16:
@@ -336,6 +340,11 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     subtiles = SUBTILES if subtiles is None else subtiles
     if subtiles not in (2, 4):
         raise ValueError(f"gluon_proxy.block_scores: subtiles: 2 or 4, got {subtiles!r}")
+    producer_warps = PRODUCER_WARPS if producer_warps is None else producer_warps
+    if producer_warps not in REGISTER_PLANS:
+        raise ValueError(f"gluon_proxy.block_scores: producer_warps: one of {sorted(REGISTER_PLANS)}, got "
+                         f"{producer_warps!r}")
+    max_regs, consumer_regs, producer_regs = REGISTER_PLANS[producer_warps]
     tiles, cols = triton.cdiv(n, tokens_per_tile(groups, subtiles)), block_table.shape[1]
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
@@ -343,6 +352,7 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     _ws_proxy_scores_kernel[(tiles, triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
-        BLOCKS=blocks, SUBTILES=subtiles,
-        num_warps=4, maxnreg=MAX_REGS,
+        BLOCKS=blocks, SUBTILES=subtiles, PRODUCER_WARPS=producer_warps, CONSUMER_REGS=consumer_regs,
+        PRODUCER_REGS=producer_regs,
+        num_warps=4, maxnreg=max_regs,
     )
