@@ -2,14 +2,13 @@
 warp-specialized Gluon kernel per blocks per program.
 
     python bench/bench_proxy_scores.py [--t 32768] [--chunk 8192] [--blocks 8 16 32 64 256] [--subtiles 2 4]
-                                       [--producer-warps 4 8] [--out DIR]
+                                       [--out DIR]
 
 One request of ``--t`` tokens, 64 query heads over 4 KV heads (16 groups per KV head, the default proxy over every
 query head), random K/V written by ``kernels.write_kv`` on shuffled pages, fp16 queries. Scored twice: the whole
 prompt, and its last ``--chunk`` tokens (an extend over the rest as prefix). Per case: the Triton kernel at the
 launch ``select_proxy_blocks`` gives it, the Gluon kernel at its default blocks per program
-(``gluon_proxy.blocks_per_program``) and at each ``--blocks``, for each ``--subtiles`` per consumer (default
-producer), and at the default blocks for each ``--producer-warps`` and subtiles; each Gluon
+(``gluon_proxy.blocks_per_program``) and at each ``--blocks``, for each ``--subtiles`` per consumer; each Gluon
 row has the max |difference| from the Triton scores and whether the same blocks are visible (NaN-poisoned
 outputs). CUDA-graph replays after an untimed
 run, medians (``timing.graph_ms``). Writes ``DIR/proxy_scores.json``. The data behind
@@ -35,8 +34,6 @@ def parse_args(argv=None):
                         help="Gluon blocks per program to time besides its default")
     parser.add_argument("--subtiles", type=int, nargs="*", default=[2, 4], choices=[2, 4],
                         help="Gluon subtiles per consumer to time besides its default")
-    parser.add_argument("--producer-warps", type=int, nargs="*", default=[4, 8], choices=[4, 8],
-                        help="Gluon producer warps to time besides the default (at the default blocks per program)")
     parser.add_argument("--out", default="proxy_scores_out")
     args = parser.parse_args(argv)
     if args.t <= 0 or args.t % PAGE or not 0 < args.chunk <= args.t:
@@ -92,23 +89,18 @@ def main(argv=None):
         for subtiles in dict.fromkeys([gluon_proxy.SUBTILES, *args.subtiles]):
             tiles = -(-n // gluon_proxy.tokens_per_tile(groups, subtiles))
             default = gluon_proxy.blocks_per_program(tiles, blocks, KV_HEADS, props.multi_processor_count)
-            launches = [(count, gluon_proxy.PRODUCER_WARPS) for count in dict.fromkeys([default, *args.blocks])]
-            launches += [(default, warps) for warps in args.producer_warps if warps != gluon_proxy.PRODUCER_WARPS]
-            for count, warps in launches:
+            for count in dict.fromkeys([default, *args.blocks]):
                 got = torch.full_like(want, float("nan"))
                 ms = graph_ms(lambda: gluon_proxy.block_scores(qn, cache, table, req_n, pos_n, got, groups, count,
-                                                               subtiles, warps))
+                                                               subtiles))
                 diff = (got[visible] - want[visible]).abs().max().item()
                 same = bool(torch.equal(torch.isfinite(got), visible))
-                is_default = (count == default and subtiles == gluon_proxy.SUBTILES
-                              and warps == gluon_proxy.PRODUCER_WARPS)
+                is_default = count == default and subtiles == gluon_proxy.SUBTILES
                 results["rows"].append({"n": n, "kernel": "gluon", "subtiles": subtiles, "blocks": count,
-                                        "producer_warps": warps, "default_blocks": count == default,
                                         "default": is_default, "ms": ms, "max_abs_diff_vs_triton": diff,
                                         "same_visible_blocks": same})
-                print(f"  gluon {subtiles} subtiles, {warps} producer warps, {count} blocks per program"
-                      f"{' (default)' if is_default else ''}: {ms:.3f} ms, max |diff| {diff:.3g}, same visible "
-                      f"blocks {same}", flush=True)
+                print(f"  gluon {subtiles} subtiles, {count} blocks per program{' (default)' if is_default else ''}: "
+                      f"{ms:.3f} ms, max |diff| {diff:.3g}, same visible blocks {same}", flush=True)
         del want
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)

@@ -1,7 +1,7 @@
 """What the Gluon fp8 proxy score kernel takes on sm_90, compiled on any host (no GPU needed): shared memory,
 registers and stack (spills) per thread, and the fp8 wgmma (``QGMMA``) and ``WARPGROUP.DEPBAR`` of its SASS.
 
-    python bench/gluon_resources.py [--groups 16 3 1] [--subtiles 2|4] [--producer-warps 4|8]
+    python bench/gluon_resources.py [--groups 16 3 1]
 
 It compiles ``gluon_proxy._ws_proxy_scores_kernel`` as ``tests/test_gluon_proxy.py`` does (pointers 16-byte aligned,
 ``MAX_BLOCKS_PER_PROGRAM`` blocks per program) with the Triton on ``sys.path``: CI's, or the GPU host's with
@@ -23,8 +23,6 @@ from pathlib import Path
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[16, 3, 1], help="query groups per KV head (1-16)")
-    parser.add_argument("--subtiles", type=int, choices=[2, 4], help="subtiles per consumer (default: the launch's)")
-    parser.add_argument("--producer-warps", type=int, choices=[4, 8], help="producer warps (default: the launch's)")
     args = parser.parse_args(argv)
     if not all(1 <= g <= 16 for g in args.groups):
         parser.error(f"--groups: 1 to 16 each, got {args.groups}")
@@ -44,18 +42,15 @@ def main(argv=None):
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     print(f"triton {triton.__version__}")
-    warps = args.producer_warps or gluon_proxy.PRODUCER_WARPS
-    max_regs, consumer_regs, producer_regs = gluon_proxy.REGISTER_PLANS[warps]
     for groups in args.groups:
         signature = _signature()
         constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
                       "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM,
-                      "SUBTILES": args.subtiles or gluon_proxy.SUBTILES, "PRODUCER_WARPS": warps,
-                      "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs}
+                      "SUBTILES": gluon_proxy.SUBTILES}
         attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
         compiled = triton.compile(GluonASTSource(gluon_proxy._ws_proxy_scores_kernel, signature, constexprs, attrs),
                                   target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "maxnreg": max_regs})
+                                  options={"num_warps": 4, "maxnreg": gluon_proxy.MAX_REGS})
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "kernel.cubin")
             with open(cubin, "wb") as f:
@@ -63,7 +58,7 @@ def main(argv=None):
             usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
             sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
         regs, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
-        print(f"groups {groups}, producer warps {warps}: shared {compiled.metadata.shared} B, registers {regs}, stack {stack} B, "
+        print(f"groups {groups}: shared {compiled.metadata.shared} B, registers {regs}, stack {stack} B, "
               f"QGMMA {sass.count('QGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}")
 
 

@@ -212,8 +212,7 @@ def check_fp8_kernel(device):
     too (:mod:`sglang_nvfp4.kernels.gluon_proxy`, where the dispatch sends fp8 prefill scores), with the same
     checks: two requests in one tile (scored token by token), 16 groups, 1, and 3 padded to 4; one request over
     several tiles (each scored in one pass; GPU only: too slow interpreted); and again in programs of 4 blocks
-    (several programs per row, some with nothing to score), with 4 subtiles per consumer, and with a producer of
-    8 warps (2 and 4 subtiles)."""
+    (several programs per row, some with nothing to score) and with 2 subtiles per consumer (the default is 4)."""
     from sglang_nvfp4.kernels.triton_indexer import (PROXY_PREFILL_ROWS, _gluon_proxy_scores, learned_tiling,
                                                      proxy_block_scores)
 
@@ -237,11 +236,7 @@ def check_fp8_kernel(device):
             kernels["gluon"] = lambda out: gluon(queries.to(device), *args[1:], out, groups)
             kernels["gluon, 4 blocks per program"] = lambda out: gluon(queries.to(device), *args[1:], out, groups,
                                                                        blocks=4)
-            kernels["gluon, 4 subtiles"] = lambda out: gluon(queries.to(device), *args[1:], out, groups, subtiles=4)
-            for subtiles, warps in [(2, 8), (4, 8)]:
-                kernels[f"gluon, {subtiles} subtiles, {warps} producer warps"] = (
-                    lambda out, subtiles=subtiles, warps=warps: gluon(queries.to(device), *args[1:], out, groups,
-                                                                      subtiles=subtiles, producer_warps=warps))
+            kernels["gluon, 2 subtiles"] = lambda out: gluon(queries.to(device), *args[1:], out, groups, subtiles=2)
         for name, kernel in kernels.items():
             got = torch.full(want.shape, float("nan"), device=device)  # poison: only blocks up to the own are written
             kernel(got)

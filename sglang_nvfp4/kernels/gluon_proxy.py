@@ -6,14 +6,14 @@ Why a second score kernel. In the Triton kernel one warpgroup loads a key page, 
 64-row accumulators at once, so ptxas waits for each wgmma before the next (sm_90 SASS of Triton 3.6: 16
 ``WARPGROUP.DEPBAR`` for 16 ``QGMMA``), and the tensor cores idle while the warps decode and reduce. At the
 default (top-16 proxy over every query head) that selection costs 13.2 ms per layer at 32K (64/4 heads) on the
-H200, as much as the attention. Here one program (CTA) serves a tile of ``4 * TOKENS`` consecutive tokens x the
-query groups of one KV head (512 rows) over up to :func:`blocks_per_program` blocks, in three partitions of one
-warpgroup each:
+H200, as much as the attention. Here one program (CTA) serves a tile of ``2 * SUBTILES * TOKENS`` consecutive
+tokens x the query groups of one KV head (1,024 rows at the default 4 subtiles) over up to
+:func:`blocks_per_program` blocks, in three partitions of one warpgroup each:
 
 * **producer**: for each block the tile's tokens can see, loads the KV head's key page, decodes it (E2M1 times
   its E4M3 scale times ``FP8_KEY_SCALE``, exact in fp16, by :mod:`.gluon_common`'s decoders) and rounds it to
   E4M3 into a ring of ``STAGES`` shared-memory slots, then signals ``ready``;
-* **two consumers** (the default partition and one worker): each owns two subtiles of ``TOKENS`` tokens (128
+* **two consumers** (the default partition and one worker): each owns ``SUBTILES`` subtiles of ``TOKENS`` tokens (128
   rows each: ``HP`` per token, its query groups padded to a power of two) and rounds their query rows to E4M3
   once (a power of two per row). Per slot, subtile by subtile (one 128 x 128 fp32 accumulator fits the
   registers), it runs ``S = Q.K^T`` on the fp8 tensor cores, takes each row's max over the block's keys, scales
@@ -24,16 +24,19 @@ so they differ by the accumulation's rounding), a row's own block scored over al
 block, so its score is never read), nothing stored past a token's own block. A tile whose tokens belong to
 several requests is served token by token, as in the Triton kernel.
 
-Why two subtiles per consumer. With one (256 rows per decoded page) the kernel gave the Triton kernel's
+Why several subtiles per consumer. With one (256 rows per decoded page) the kernel gave the Triton kernel's
 scores bit for bit and was only 6.5% faster (11.2 against 12.0 ms at 32K, 64/4, H100,
 ``bench/results/kernels_v2_h100.md``), not the 2x its instruction counts allowed: the producer, one warp per
 scheduler decoding each page (455 instructions per thread), set the pace, about 2,800 cycles per page against the
 tensor cores' 1,100 for 256 rows. Two subtiles per consumer halve the decoding per row: 8.7 ms against the Triton
 kernel's 12.1 at 32K (0.72x; one subtile: 11.3), the same scores bit for bit (H200,
-``bench/results/proxy_scores_h200.md``). With 1-4 groups per KV head (tiles of 128-512 tokens; compiled at 1 and 3,
-``bench/gluon_resources.py``) the tile's bookkeeping spills 40-88 bytes per thread; the default (every query head:
-16 groups at 64/4) does not. A tile spanning requests is scored token by token, each pass with all four subtiles'
-products for one token: batches of many short extends over long prefixes were not timed.
+``bench/results/proxy_scores_h200.md``). Four subtiles halve it again: 7.9 against 8.3 ms at 32K and 3.5 against
+3.6 for an 8K chunk (H100, same bits), though their query tiles take 181 KB of shared memory and each thread spills
+136 bytes (sm_90, Triton 3.6; ``bench/gluon_resources.py``). With 1-4 groups per KV head the tiles hold 4x-16x the
+tokens and their bookkeeping spills more; those settings are checked on the GPU but were not timed. A tile
+spanning requests is scored token by token, each pass with all subtiles' products for one token: batches of many
+short extends over long prefixes were not timed. A producer of 8 warps (each decoding half of every page) was
+1.03x-1.22x slower (H100, ``bench/results/proxy_scores_h200.md``).
 
 Scope (:func:`supports`): NVIDIA sm_90, prefill tiles (more tokens than requests), 1 to 16 query groups per KV
 head; the caller keeps the Triton kernel otherwise. It runs only compiled: ``tests/test_gluon_proxy.py`` compiles it
@@ -59,16 +62,14 @@ STAGES = gl.constexpr(3)  # decoded key pages in flight between the producer and
 # and drains its ring once for that many pages, so the most that still fills the GPU.
 MAX_BLOCKS_PER_PROGRAM, MIN_BLOCKS_PER_PROGRAM = 256, 16
 PROGRAMS_PER_SM = 2  # the fewest programs per multiprocessor a launch aims for (one fits at a time)
-# 128-row subtiles per consumer: a decoded page serves 2 * SUBTILES * 128 rows. 2 measured (H200); 4 staged: more rows
-# per decoded page, 64 KB more shared memory (180 KB) and 112-136 bytes of spills per thread at 168 registers (Triton
-# 3.6 / 3.8; other register splits between consumers and producer spill too), not yet run.
-SUBTILES = 2
-# Register plans per producer size (warps): (registers per thread at launch, consumer, producer); the CTA's
-# (8 + producer warps) x 32 threads x the launch count fill the register file (one CTA per SM), and the default
-# partition (the first consumer) gets the consumer count. 8 warps share each page's decoding, each with half the
-# words; built for sm_90 with 2 subtiles, neither spills (Triton 3.6). 8 staged, not yet run.
-REGISTER_PLANS = {4: (168, 192, 120), 8: (128, 192, 64)}
-PRODUCER_WARPS = 4
+# 128-row subtiles per consumer: a decoded page serves 2 * SUBTILES * 128 rows. 4 against 2 (H100, 2026-12-05,
+# bench/results/proxy_scores_h200.md): 7.89 / 8.31 ms at 32K, 3.51 / 3.61 on an 8K chunk, the same scores; 4 takes
+# 64 KB more shared memory (181 KB) and spills at 168 registers: 136 bytes of stack per thread with the GPU host's
+# Triton 3.6, 344 with 3.8 (bench/gluon_resources.py; 2 subtiles: none).
+SUBTILES = 4
+MAX_REGS = 168
+PRODUCER_REGS = gl.constexpr(120)
+CONSUMER_REGS = gl.constexpr(192)
 # FP8_KEY_SCALE as fp16 bits in both halves of a word: the operand that scales each key scale.
 _KEY_FACTOR_F16X2 = gl.constexpr(
     int(torch.tensor(FP8_KEY_SCALE.value, dtype=torch.float16).view(torch.int16).item()) * 0x10001)
@@ -296,12 +297,12 @@ def _ws_proxy_scores_kernel(
     queries_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # fp16, uint8, int32 x3, fp32
     T, num_cols, stride_br, stride_bs,
     HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
-    SUBTILES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    SUBTILES: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
-    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
+    ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float8e4nv)
-    k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], k_layout)
+    k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], ring_layout)
     q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [SUBTILES, ROWS, HEAD_DIM], q_layout)  # a consumer's subtiles
     q1_smem = gl.allocate_shared_memory(gl.float8e4nv, [SUBTILES, ROWS, HEAD_DIM], q_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -319,17 +320,16 @@ def _ws_proxy_scores_kernel(
                             BLOCKS, SUBTILES)),
         (_producer, ((cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
                      (T, num_tiles, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
-    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None,
-                 subtiles: int | None = None, producer_warps: int | None = None) -> None:
+                 subtiles: int | None = None) -> None:
     """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`):
     aggregated queries fp16 ``[n, Hkv * groups, 128]`` (contiguous) against the K of the NVFP4 ``cache``, block
     maxima over each KV head's groups into ``scores`` fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only);
     ``blocks``: blocks per program (default :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per
-    consumer, 2 or 4 (default ``SUBTILES``), ``producer_warps``: 4 or 8 (``REGISTER_PLANS``, default
-    ``PRODUCER_WARPS``); benchmarks sweep them, and each gives the same scores."""
+    consumer, 2 or 4 (default ``SUBTILES``); benchmarks sweep both."""
     n, rows_per_token, d = queries.shape
     hkv = cache.shape[1] // 2
     if rows_per_token != hkv * groups or d != HEAD_DIM or queries.dtype != torch.float16:
@@ -340,11 +340,6 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     subtiles = SUBTILES if subtiles is None else subtiles
     if subtiles not in (2, 4):
         raise ValueError(f"gluon_proxy.block_scores: subtiles: 2 or 4, got {subtiles!r}")
-    producer_warps = PRODUCER_WARPS if producer_warps is None else producer_warps
-    if producer_warps not in REGISTER_PLANS:
-        raise ValueError(f"gluon_proxy.block_scores: producer_warps: one of {sorted(REGISTER_PLANS)}, got "
-                         f"{producer_warps!r}")
-    max_regs, consumer_regs, producer_regs = REGISTER_PLANS[producer_warps]
     tiles, cols = triton.cdiv(n, tokens_per_tile(groups, subtiles)), block_table.shape[1]
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
@@ -352,7 +347,6 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     _ws_proxy_scores_kernel[(tiles, triton.cdiv(cols, blocks), hkv)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
-        BLOCKS=blocks, SUBTILES=subtiles, PRODUCER_WARPS=producer_warps, CONSUMER_REGS=consumer_regs,
-        PRODUCER_REGS=producer_regs,
-        num_warps=4, maxnreg=max_regs,
+        BLOCKS=blocks, SUBTILES=subtiles,
+        num_warps=4, maxnreg=MAX_REGS,
     )
