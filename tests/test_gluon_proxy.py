@@ -48,10 +48,11 @@ def test_blocks_per_program_fill_the_gpu():
     H100's or H200's), fewer blocks for short extends over long prefixes, never fewer than 16."""
     assert gluon_proxy.tokens_per_tile(16, 2) == 32 and gluon_proxy.tokens_per_tile(3, 2) == 128
     assert gluon_proxy.tokens_per_tile(16, 4) == 64
-    assert gluon_proxy.blocks_per_program(1024, 256, 4, 132) == 256  # 32K prefill, 64/4: 4,096 programs
-    assert gluon_proxy.blocks_per_program(256, 256, 4, 132) == 256  # an 8K chunk over a 24K prefix
-    assert gluon_proxy.blocks_per_program(8, 1024, 4, 132) == 64  # 256 tokens over 128K: 32 x 16 programs
-    assert gluon_proxy.blocks_per_program(1, 1024, 4, 132) == 16  # 32 tokens: 4 x 64 programs, the floor
+    # Tiles of the default launch (4 subtiles: 64 tokens at 16 groups), 64/4 heads:
+    assert gluon_proxy.blocks_per_program(512, 256, 4, 132) == 256  # 32K prefill: 2,048 programs
+    assert gluon_proxy.blocks_per_program(128, 256, 4, 132) == 256  # an 8K chunk over a 24K prefix: 512 programs
+    assert gluon_proxy.blocks_per_program(4, 1024, 4, 132) == 32  # 256 tokens over 128K: 16 x 32 programs
+    assert gluon_proxy.blocks_per_program(1, 1024, 4, 132) == 16  # 64 tokens: 4 x 64 programs, the floor
     assert gluon_proxy.blocks_per_program(1, 8, 1, 132) == 16  # nothing to split
 
 

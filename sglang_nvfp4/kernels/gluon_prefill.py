@@ -68,12 +68,16 @@ STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the
 MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the widest run on a GPU so far
 # Register plans per producer size (warps): (registers per thread at launch, consumer, producer). The CTA's
 # (8 + producer warps) x 32 threads x the launch count fill the register file, one CTA per SM; the default
-# partition (the first consumer) gets what the workers leave, the consumer count again. Neither spills (sm_90).
+# partition (the first consumer) gets what the workers leave, the consumer count again. Built for sm_90, both keep
+# the same 8 bytes of stack (bench/gluon_resources.py --kernel prefill); the consumers used at most 169 registers of
+# their former 192 (bench/results/kernels_gluon_h200.md, 2026-12-04 evening).
 REGISTER_PLANS = {4: (168, 192, 120), 8: (128, 168, 88)}
 # The launch default (:func:`run`): 8 warps share each page's decoding, each with half the words of 4 warps.
-# H200, T = 32K, top-16 (bench/results/kernels_h200.md, 2026-12-05): 0.956x the 4-warp kernel's time with
-# per-token random selections (64/4 and 16/1), 0.977x with the indexer's, 0.99x shared by 8 tokens; same bits.
+# H200, T = 32K, top-16 (bench/results/kernels_gluon_h200.md, 2026-12-05): 0.956x the 4-warp kernel's time with
+# per-token random selections (64/4 and 16/1), 0.977-0.980x with the indexer's, 0.99-0.999x shared by 8 tokens;
+# same bits.
 PRODUCER_WARPS = 8
+
 
 def supports(heads: int, kv_heads: int, width: int) -> bool:
     """Whether this kernel serves a layer (on an sm_90 device, which the dispatcher checks): 8..64 query
@@ -98,6 +102,7 @@ def tokens_per_consumer(group: int) -> int:
 # in 8 rows x 4 threads per warp, the warps along the rows, repeated along the rows and twice along the groups.
 @gluon.constexpr_function
 def k_layout(warps):
+    assert warps in (4, 8), f"the producer views are laid out for 4 or 8 warps, not {warps}"
     return gl.BlockedLayout([1, 1, 2], [8, 4, 1], [warps, 1, 1], [2, 1, 0])
 
 
@@ -107,12 +112,14 @@ def k_layout(warps):
 # ``j`` (bit 2), ``i`` (bit 3), ``g`` (bit 4, then 4 warps); 8 warps split the octets in two halves.
 @gluon.constexpr_function
 def vt_layout(warps):
+    assert warps in (4, 8), f"the producer views are laid out for 4 or 8 warps, not {warps}"
     return gl.BlockedLayout([1, 1, 4, 1, 2], [2, 2, 1, 2, 4], [4, 1, 1, 1, warps // 4], [4, 3, 1, 0, 2])
 
 
 # The V^T view with a last axis of 2: a token octet's two scale words, one 8-byte load per thread and octet.
 @gluon.constexpr_function
 def vt_pairs_layout(warps):
+    assert warps in (4, 8), f"the producer views are laid out for 4 or 8 warps, not {warps}"
     return gl.BlockedLayout([1, 1, 4, 1, 2, 2], [2, 2, 1, 2, 4, 1], [4, 1, 1, 1, warps // 4, 1], [5, 4, 3, 1, 0, 2])
 
 
