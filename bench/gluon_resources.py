@@ -4,10 +4,10 @@
     python bench/gluon_resources.py [--kernel proxy] [--groups 16 3 1]
     python bench/gluon_resources.py --kernel prefill [--producer-warps 4 8]
 
-``proxy`` compiles ``gluon_proxy._ws_proxy_scores_kernel`` as ``tests/test_gluon_proxy.py`` does (pointers 16-byte
-aligned, ``MAX_BLOCKS_PER_PROGRAM`` blocks per program, the default ``SUBTILES``), one line per ``--groups`` value;
-``prefill`` compiles ``gluon_prefill._ws_prefill_kernel`` as ``tests/test_gluon_prefill.py`` does (64/4 heads, 32 ids
-per token), one line per ``--producer-warps`` value (``REGISTER_PLANS``). The Triton on ``sys.path`` compiles: CI's,
+``proxy`` compiles ``gluon_proxy._ws_proxy_scores_kernel`` with ``tests/test_gluon_proxy.py``'s ``compile_sm90``
+(``MAX_BLOCKS_PER_PROGRAM`` blocks per program, the default ``SUBTILES``), one line per ``--groups`` value;
+``prefill`` compiles ``gluon_prefill._ws_prefill_kernel`` with ``tests/test_gluon_prefill.py``'s ``compile_sm90`` (64/4
+heads, 32 ids per token), one line per ``--producer-warps`` value (``REGISTER_PLANS``). The Triton on ``sys.path`` compiles: CI's,
 or the GPU host's with ``PYTHONPATH=.venv/gpu-host-triton:.``. The cubin is read with the ``cuobjdump`` that Triton
 bundles.
 """
@@ -37,49 +37,34 @@ def parse_args(argv=None):
 
 
 def _compiled_variants(args):
-    """``(label, kernel, signature, constexprs, maxnreg)`` per line of output."""
-    import triton
-
-    tests = Path(__file__).resolve().parent.parent / "tests"
-    sys.path.insert(0, str(tests))
+    """``(label, compiled kernel)`` per line of output, compiled by the tests' own helpers."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     if args.kernel == "proxy":
-        from test_gluon_proxy import _signature
+        from test_gluon_proxy import compile_sm90
 
         from sglang_nvfp4.kernels import gluon_proxy
 
         for groups in args.groups:
-            constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
-                          "TOKENS": gluon_proxy.tokens_per_subtile(groups),
-                          "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM, "SUBTILES": gluon_proxy.SUBTILES}
-            yield (f"proxy, {groups} groups, {gluon_proxy.SUBTILES} subtiles", gluon_proxy._ws_proxy_scores_kernel,
-                   _signature(), constexprs, gluon_proxy.MAX_REGS)
+            yield (f"proxy, {groups} groups, {gluon_proxy.SUBTILES} subtiles",
+                   compile_sm90(groups, gluon_proxy.SUBTILES))
     else:
-        from test_gluon_prefill import _signature
+        from test_gluon_prefill import compile_sm90
 
         from sglang_nvfp4.kernels import gluon_prefill
 
-        tokens = gluon_prefill.tokens_per_consumer(16)
         for warps in args.producer_warps:
-            max_regs, consumer_regs, producer_regs = gluon_prefill.REGISTER_PLANS[warps]
-            constexprs = {"HKV": 4, "GROUP": 16, "GROUP_POW2": 16, "TOKENS": tokens, "WIDTH": 2 * tokens * 32,
-                          "K_SCALE_BY_POINTER": False, "V_SCALE_BY_POINTER": False, "PRODUCER_WARPS": warps,
-                          "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs}
+            _, consumer_regs, producer_regs = gluon_prefill.REGISTER_PLANS[warps]
             yield (f"prefill, 64/4, {warps} producer warps ({consumer_regs} / {producer_regs} registers)",
-                   gluon_prefill._ws_prefill_kernel, _signature(False), constexprs, max_regs)
+                   compile_sm90(16, 32, False, warps))
 
 
 def main(argv=None):
     args = parse_args(argv)
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     print(f"triton {triton.__version__}")
-    for label, kernel, signature, constexprs, max_regs in _compiled_variants(args):
-        attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-        compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "maxnreg": max_regs})
+    for label, compiled in _compiled_variants(args):
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "kernel.cubin")
             with open(cubin, "wb") as f:

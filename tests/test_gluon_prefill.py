@@ -37,9 +37,10 @@ def _signature(by_pointer: bool) -> dict:
     return sig
 
 
-@pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
-@pytest.mark.parametrize("group, width, by_pointer", [(16, 32, False), (8, 16, True)])
-def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
+def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int):
+    """The kernel compiled for sm_90 with the installed Triton, as :func:`gluon_prefill.run` launches it for 4 KV
+    heads of ``group`` query heads, ``width`` ids per token and the ``producer_warps`` register plan (also used by
+    ``bench/gluon_resources.py``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -53,8 +54,14 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     # Pointers 16-byte aligned, as the JIT specializes them for torch allocations.
     attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
     src = GluonASTSource(gluon_prefill._ws_prefill_kernel, signature, constexprs, attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "maxnreg": max_regs})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": max_regs})
+
+
+@pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
+@pytest.mark.parametrize("group, width, by_pointer", [(16, 32, False), (8, 16, True)])
+def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
+    max_regs, _, producer_regs = gluon_prefill.REGISTER_PLANS[producer_warps]
+    compiled = compile_sm90(group, width, by_pointer, producer_warps)
     ptx = compiled.asm["ptx"]
     assert compiled.metadata.num_warps == 8 + producer_warps  # two consumer warpgroups and the producer
     assert compiled.metadata.num_warps * 32 * max_regs <= 65536  # one CTA's registers fit the SM

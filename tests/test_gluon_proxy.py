@@ -20,8 +20,10 @@ def _signature() -> dict:
     return sig
 
 
-@pytest.mark.parametrize("groups, subtiles", [(16, 4), (3, 4), (1, 4), (16, 2)])
-def test_compiles_for_hopper(groups, subtiles):
+def compile_sm90(groups: int, subtiles: int):
+    """The kernel compiled for sm_90 with the installed Triton for 4 KV heads of ``groups`` query groups, ``subtiles``
+    per consumer and ``MAX_BLOCKS_PER_PROGRAM`` blocks (pointers 16-byte aligned, as the JIT specializes them; also
+    used by ``bench/gluon_resources.py``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -31,8 +33,13 @@ def test_compiles_for_hopper(groups, subtiles):
                   "SUBTILES": subtiles}
     attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
     src = GluonASTSource(gluon_proxy._ws_proxy_scores_kernel, signature, constexprs, attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "maxnreg": gluon_proxy.MAX_REGS})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": gluon_proxy.MAX_REGS})
+
+
+@pytest.mark.parametrize("groups, subtiles", [(16, 4), (3, 4), (1, 4), (16, 2)])
+def test_compiles_for_hopper(groups, subtiles):
+    compiled = compile_sm90(groups, subtiles)
     ptx = compiled.asm["ptx"]
     assert compiled.metadata.num_warps == 12  # two consumer warpgroups and the producer
     assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
