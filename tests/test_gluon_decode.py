@@ -72,12 +72,16 @@ def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
     constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": gluon_decode.selection_slots(width), "SPLITS": splits,
                   "CHUNKS_PER_SPLIT": chunks_per_split, "STACK_LEVELS": stack_levels, "PREFETCH": prefetch,
                   "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
-    src = GluonASTSource(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs)
+    signature = _signature("*bf16", by_pointer)
+    # Pointers 16-byte aligned, as the JIT specializes them for torch allocations (the code-word loads are 8 bytes).
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
+    src = GluonASTSource(gluon_decode._sparse_decode_kernel, signature, constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": gluon_decode.NUM_WARPS.value,
                                        "maxnreg": gluon_decode.max_registers(rows, width, prefetch)})
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
+    assert ptx.count("ld.global.v2.b32") >= 16  # a row's 4 code words in two 8-byte loads (rows are 72 bytes)
     assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
     # fp16 Q^T and P^T, the merge stack (fp32 partials), and reduction scratch
     stack_bytes = stack_levels * (rows * fmt.HEAD_DIM + 2 * rows) * 4
