@@ -6,6 +6,10 @@
 # a limited number of files). Issue 19's 32K dashboard in one call (about 8 minutes):
 #   bash bench/gpu_session.sh tests proxy "bench=--skip write splits prefetch flashinfer --prefill-t 32768 --topk 16
 #     --no-sweep --heads 64/4 16/1 --decode-topk 16 --decode-ctx 32768 --decode-batch 1 32 256" selection
+# Its end-to-end target needs a call of its own (about 7 minutes on a fresh machine, where FlashInfer's first
+# prefill CUDA-graph capture JIT-builds its kernels for about 205 s; 240 s of start-up was too short on an H100):
+#   OUT=$OUT/e bash bench/gpu_e2e.sh --budget-s 540 --steps one_batch --input-lens 32768 --batch-sizes 1
+#     --backends flashinfer nvfp4_sparse torch_native --startup-timeout 330 --run-timeout 150
 # topk-build starts the JIT build of FlashInfer's top-k module in the background, in a session of its own, so
 # that it goes on after the call while the machine stays warm (log: $FLASHINFER_WORKSPACE_BASE/topk_build.log);
 # topk runs bench/bench_topk.py, which uses that module only once it is built.
