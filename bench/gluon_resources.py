@@ -9,18 +9,16 @@
 ``prefill`` compiles ``gluon_prefill._ws_prefill_kernel`` with ``tests/test_gluon_prefill.py``'s ``compile_sm90`` (64/4
 heads, 32 ids per token), one line per ``--producer-warps`` value (``REGISTER_PLANS``). The Triton on ``sys.path`` compiles: CI's,
 or the GPU host's with ``PYTHONPATH=.venv/gpu-host-triton:.``. The cubin is read with the ``cuobjdump`` that Triton
-bundles.
+bundles (``tests/gluon_compile.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def parse_args(argv=None):
@@ -38,7 +36,6 @@ def parse_args(argv=None):
 
 def _compiled_variants(args):
     """``(label, compiled kernel)`` per line of output, compiled by the tests' own helpers."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     if args.kernel == "proxy":
         from test_gluon_proxy import compile_sm90
 
@@ -61,17 +58,12 @@ def _compiled_variants(args):
 def main(argv=None):
     args = parse_args(argv)
     import triton
+    from gluon_compile import cuobjdump, registers_and_stack
 
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     print(f"triton {triton.__version__}")
     for label, compiled in _compiled_variants(args):
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = os.path.join(tmp, "kernel.cubin")
-            with open(cubin, "wb") as f:
-                f.write(compiled.asm["cubin"])
-            usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-        regs, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
+        regs, stack = registers_and_stack(compiled)
+        sass = cuobjdump(compiled, "-sass")
         print(f"{label}: shared {compiled.metadata.shared} B, registers {regs} at launch, stack {stack} B, "
               f"LDL {sass.count('LDL')}, STL {sass.count('STL')}, QGMMA {sass.count('QGMMA')}, "
               f"HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}")

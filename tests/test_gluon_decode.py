@@ -18,6 +18,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from gluon_compile import compile_for_hopper, registers_and_stack
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.kernels import gluon_decode, triton_decode
 from sglang_nvfp4.kernels.gluon_common import decode_words, k_scale_operand
@@ -39,23 +40,6 @@ def _signature(q_dtype: str, by_pointer: bool) -> dict:
     return sig
 
 
-def _stack_bytes(cubin: bytes) -> int:
-    """Per-thread stack of the kernel in ``cubin`` (spilled registers), from the CUDA binary tools in Triton's wheel."""
-    import pathlib
-    import re
-    import subprocess
-    import tempfile
-
-    import triton.backends.nvidia as nvidia
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([str(pathlib.Path(nvidia.__file__).parent / "bin" / "cuobjdump"), "-res-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"STACK:(\d+)", usage).group(1))
-
-
 @pytest.mark.parametrize("group, width, splits, prefetch, by_pointer", [
     (16, 32, 8, False, True), (16, 16, 8, False, False), (16, 16, 1, False, False), (16, 16, 1, True, False),
     (16, 32, 1, True, True), (16, 32, 2, True, False), (16, 64, 2, False, False), (8, 16, 2, True, False),
@@ -63,26 +47,18 @@ def _stack_bytes(cubin: bytes) -> int:
 ])
 def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
     """What ``launch`` compiles, with its register cap, with and without the prefetch where it may pick it."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     rows = max(16, triton.next_power_of_2(group))
     chunks_per_split = gluon_decode.num_chunks(width) // splits
     stack_levels = chunks_per_split.bit_length()
     constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": gluon_decode.selection_slots(width), "SPLITS": splits,
                   "CHUNKS_PER_SPLIT": chunks_per_split, "STACK_LEVELS": stack_levels, "PREFETCH": prefetch,
                   "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
-    signature = _signature("*bf16", by_pointer)
-    # Pointers 16-byte aligned, as the JIT specializes them for torch allocations (the code-word loads are 8 bytes).
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    src = GluonASTSource(gluon_decode._sparse_decode_kernel, signature, constexprs, attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": gluon_decode.NUM_WARPS.value,
-                                       "maxnreg": gluon_decode.max_registers(rows, width, prefetch)})
+    compiled = compile_for_hopper(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs,
+                                  gluon_decode.NUM_WARPS.value, gluon_decode.max_registers(rows, width, prefetch))
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
     assert ptx.count("ld.global.v2.b32") >= 16  # a row's 4 code words in two 8-byte loads (rows are 72 bytes)
-    assert _stack_bytes(compiled.asm["cubin"]) == 0  # no spills under the register cap
+    assert registers_and_stack(compiled)[1] == 0  # no spills under the register cap
     # fp16 Q^T and P^T, the merge stack (fp32 partials), and reduction scratch
     stack_bytes = stack_levels * (rows * fmt.HEAD_DIM + 2 * rows) * 4
     assert compiled.metadata.shared <= 2 * rows * fmt.HEAD_DIM * 2 + stack_bytes + 1024
@@ -107,11 +83,7 @@ def test_decoded_tiles_reach_the_wgmma_operand_layout_without_moving_data():
     """The design's premise: the words each thread loads decode into exactly the values its wgmma A-operand
     registers hold, so the layout change after decoding is a renaming of registers. A mismatch (another thread
     layout of the words, another column order) compiles to shared-memory staging or warp shuffles."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    src = GluonASTSource(_decoded_tile_kernel, {"words_ptr": "*u32", "out_ptr": "*fp16"}, {})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ptx = compile_for_hopper(_decoded_tile_kernel, {"words_ptr": "*u32", "out_ptr": "*fp16"}, {}, 4).asm["ptx"]
     assert ptx.count("cvt.rn.f16x2.e4m3x2") >= 16 * 4  # the tile was decoded
     for data_movement in ("st.shared", "ld.shared", "ldmatrix", "stmatrix", "shfl"):
         assert data_movement not in ptx, data_movement

@@ -16,6 +16,7 @@ import pytest
 import torch
 import triton
 
+from gluon_compile import compile_for_hopper
 from sglang_nvfp4 import format as fmt
 
 from sglang_nvfp4.kernels import gluon_prefill
@@ -41,20 +42,13 @@ def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int):
     """The kernel compiled for sm_90 with the installed Triton, as :func:`gluon_prefill.run` launches it for 4 KV
     heads of ``group`` query heads, ``width`` ids per token and the ``producer_warps`` register plan (also used by
     ``bench/gluon_resources.py``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     tokens = gluon_prefill.tokens_per_consumer(group)
     max_regs, consumer_regs, producer_regs = gluon_prefill.REGISTER_PLANS[producer_warps]
     constexprs = {"HKV": 4, "GROUP": group, "GROUP_POW2": triton.next_power_of_2(group), "TOKENS": tokens,
                   "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
                   "V_SCALE_BY_POINTER": by_pointer, "PRODUCER_WARPS": producer_warps,
                   "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs}
-    signature = _signature(by_pointer)
-    # Pointers 16-byte aligned, as the JIT specializes them for torch allocations.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    src = GluonASTSource(gluon_prefill._ws_prefill_kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": max_regs})
+    return compile_for_hopper(gluon_prefill._ws_prefill_kernel, _signature(by_pointer), constexprs, 4, max_regs)
 
 
 @pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))

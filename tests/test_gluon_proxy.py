@@ -9,6 +9,7 @@ import pytest
 import torch
 import triton
 
+from gluon_compile import compile_for_hopper
 from sglang_nvfp4.kernels import gluon_proxy
 
 
@@ -24,17 +25,10 @@ def compile_sm90(groups: int, subtiles: int):
     """The kernel compiled for sm_90 with the installed Triton for 4 KV heads of ``groups`` query groups, ``subtiles``
     per consumer and ``MAX_BLOCKS_PER_PROGRAM`` blocks (pointers 16-byte aligned, as the JIT specializes them; also
     used by ``bench/gluon_resources.py``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    signature = _signature()
     constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
                   "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM,
                   "SUBTILES": subtiles}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    src = GluonASTSource(gluon_proxy._ws_proxy_scores_kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": gluon_proxy.MAX_REGS})
+    return compile_for_hopper(gluon_proxy._ws_proxy_scores_kernel, _signature(), constexprs, 4, gluon_proxy.MAX_REGS)
 
 
 @pytest.mark.parametrize("groups, subtiles", [(16, 4), (3, 4), (1, 4), (16, 2)])
