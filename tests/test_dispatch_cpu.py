@@ -121,25 +121,65 @@ def test_run_checks_each_layers_selection(bad, match):
                                num_kv_heads=2)
 
 
-@pytest.mark.parametrize("capability, importable, want", [
-    ((9, 0), True, "gluon"), ((9, 0), False, "triton"), ((8, 0), True, "triton"), ((10, 0), True, "triton"),
-])
-def test_hopper_picks_the_gluon_kernels(monkeypatch, capability, importable, want):
-    import sys
-
+@pytest.fixture
+def cuda_capability(monkeypatch):
+    """Makes the dispatcher see an NVIDIA GPU of the capability passed to the returned setter."""
     monkeypatch.delenv(kernels.FORCE_ENV, raising=False)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    if not importable:
-        for name in ("gluon_prefill", "gluon_decode"):
-            monkeypatch.setitem(sys.modules, f"sglang_nvfp4.kernels.{name}", None)
-            monkeypatch.delattr(kernels, name, raising=False)
     kernels._gluon_serves.cache_clear()
-    try:
-        assert kernels.resolve_implementation(torch.device("cuda", 0)) == want
-    finally:
-        kernels._gluon_serves.cache_clear()
+    kernels.gluon_unavailable.cache_clear()
+    yield lambda capability: monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    kernels._gluon_serves.cache_clear()
+    kernels.gluon_unavailable.cache_clear()
+
+
+@pytest.mark.parametrize("capability, want", [((9, 0), "gluon"), ((8, 0), "triton"), ((10, 0), "triton")])
+def test_hopper_picks_the_gluon_kernels(cuda_capability, capability, want):
+    cuda_capability(capability)
+    assert kernels.resolve_implementation(torch.device("cuda", 0)) == want
+
+
+def test_hopper_without_gluon_falls_back_with_a_warning(cuda_capability, monkeypatch, caplog):
+    """Only a Triton that cannot build the Gluon kernels falls back to Triton's, and says so."""
+    import triton
+
+    cuda_capability((9, 0))
+    monkeypatch.setattr(triton, "__version__", "3.5.1")
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        assert kernels.resolve_implementation(torch.device("cuda", 0)) == "triton"
+    assert "Triton 3.5.1 is older than 3.6" in caplog.text and "faster Gluon kernels" in caplog.text
+
+
+def test_gluon_unavailable_names_the_reason(cuda_capability, monkeypatch):
+    import sys
+
+    import triton
+
+    assert kernels.gluon_unavailable() is None  # CI's Triton has Gluon's Hopper API
+    kernels.gluon_unavailable.cache_clear()
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon.language.nvidia.hopper", None)
+    assert "no Gluon Hopper API" in kernels.gluon_unavailable()
+    kernels.gluon_unavailable.cache_clear()
+    monkeypatch.setattr(triton, "__version__", "3.10.0")  # compared as numbers, not strings
+    assert "no Gluon Hopper API" in kernels.gluon_unavailable()
+
+
+def test_a_broken_gluon_module_is_raised_not_skipped(cuda_capability, monkeypatch):
+    """With a Triton that builds the Gluon kernels, an error importing them is a bug to see, not a silent
+    fallback to the slower Triton kernels."""
+    import sys
+
+    from sglang_nvfp4.kernels import triton_indexer
+
+    cuda_capability((9, 0))
+    for name in ("gluon_prefill", "gluon_decode", "gluon_proxy"):
+        monkeypatch.setitem(sys.modules, f"sglang_nvfp4.kernels.{name}", None)
+        monkeypatch.delattr(kernels, name, raising=False)
+    with pytest.raises(ImportError):
+        kernels.resolve_implementation(torch.device("cuda", 0))
+    with pytest.raises(ImportError):
+        triton_indexer._gluon_proxy_scores(torch.device("cuda", 0), 4096, 1, 16)
 
 
 def test_forced_gluon_needs_hopper_and_falls_back_per_layer(monkeypatch):

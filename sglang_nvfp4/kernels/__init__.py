@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
 
 import torch
@@ -65,10 +66,13 @@ __all__ = [
     "write_kv",
     "cache_writer",
     "resolve_implementation",
+    "gluon_unavailable",
     "forced_implementation",
     "FORCE_ENV",
     "IMPLEMENTATIONS",
 ]
+
+logger = logging.getLogger(__name__)
 
 FORCE_ENV = "NVFP4_SPARSE_KERNEL"
 IMPLEMENTATIONS = ("reference", "triton", "gluon", "flydsl")
@@ -100,16 +104,39 @@ def _flydsl_serves(device: torch.device) -> bool:
     return bool(flydsl.is_available(device))
 
 
+GLUON_MIN_TRITON = (3, 6)  # the oldest Triton the Gluon kernels are built and tested with (the GPU host's)
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_unavailable() -> str | None:
+    """Why this Triton cannot build the Gluon kernels, or ``None`` when it can: Triton older than
+    ``GLUON_MIN_TRITON`` or without Gluon's Hopper API. Only these fall back to the Triton kernels; an error in the
+    Gluon kernels' own modules is raised, never taken for "no Gluon"."""
+    import triton
+
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
+    if version < GLUON_MIN_TRITON:
+        return f"Triton {triton.__version__} is older than {'.'.join(map(str, GLUON_MIN_TRITON))}"
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma  # noqa: F401
+    except ImportError as error:
+        return f"Triton {triton.__version__} has no Gluon Hopper API ({error})"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _gluon_serves(device: torch.device) -> bool:
-    """True on an NVIDIA sm_90 device when the Gluon kernels import (Triton with Gluon's Hopper API)."""
+    """True on an NVIDIA sm_90 device when this Triton builds the Gluon kernels (:func:`gluon_unavailable`); on
+    such a device without them, a warning names why the slower Triton kernels serve."""
     if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available() \
             or torch.cuda.get_device_capability(device) != (9, 0):
         return False
-    try:
-        from . import gluon_decode, gluon_prefill  # noqa: F401
-    except (ImportError, AttributeError, TypeError):  # no Gluon, or a Gluon without the layouts these kernels use
+    reason = gluon_unavailable()
+    if reason:
+        logger.warning("%s: the Triton kernels serve attention on %s instead of the faster Gluon kernels",
+                       reason, device)
         return False
+    from . import gluon_decode, gluon_prefill  # noqa: F401  (an import error here is a bug: raised)
     return True
 
 

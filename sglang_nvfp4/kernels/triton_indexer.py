@@ -635,12 +635,12 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
 def _gluon_proxy_scores(device: torch.device, num_tokens: int, num_rows: int, groups: int):
     """:func:`.gluon_proxy.block_scores` when it serves these fp8 scores (:func:`.gluon_proxy.supports`), else
     ``None`` (no Gluon in this Triton, another device, a decode-like batch)."""
-    if device.type != "cuda":
+    from . import gluon_unavailable
+
+    if device.type != "cuda" or gluon_unavailable():
         return None
-    try:
-        from . import gluon_proxy
-    except (ImportError, AttributeError, TypeError):
-        return None
+    from . import gluon_proxy  # an import error here is a bug: raised, not taken for "no Gluon"
+
     return gluon_proxy.block_scores if gluon_proxy.supports(device, num_tokens, num_rows, groups) else None
 
 
