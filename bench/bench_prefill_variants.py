@@ -1,0 +1,137 @@
+"""The Gluon prefill's launch variants against each other and across source trees, on one Hopper GPU: its producer
+sizes (4 or 8 warps) and, in a tree that has it, its cluster mode (branch ``next/cluster``: clusters of 2 CTAs per tile
+of 16 tokens that share their decoded pages; measured and dropped, ``bench/results/cluster_prefill_h200.md``).
+
+    PYTHONPATH=TREE python bench/bench_prefill_variants.py --out DIR/NAME.json [--t 32768] [--variants 1:8 1:4]
+        [--patterns random shared8 indexer]
+
+A variant is ``CLUSTER:PRODUCER_WARPS``; a tree whose ``gluon_prefill.launch`` takes no ``cluster`` runs the variants
+with ``CLUSTER`` 1 only. ``TREE`` is the source tree whose ``sglang_nvfp4`` is measured, so two trees compare by
+running this script once per tree on the same machine. Problems as in ``bench_regression.py``, same seeds: T =
+``--t`` tokens of one request, 64 query / 4 KV heads with per-token random top-16, top-16 shared by runs of 8 (or 16:
+``shared16``) tokens and the quest indexer's selection; 16/1 random. Each case is ``gluon_prefill.launch`` (planner
+and kernel) replayed from a CUDA graph after an untimed run, the median of ``triton.testing.do_bench``; every output
+is hashed, so equal hashes across variants and trees mean the same bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import inspect
+import json
+
+import torch
+from timing import graph_ms
+
+HEAD_DIM = 128
+PAGE = 128
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--t", type=int, default=32768)
+    parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"], help="CLUSTER:PRODUCER_WARPS")
+    parser.add_argument("--patterns", nargs="+", default=["random", "shared8", "indexer"],
+                        help="64/4 selections: random, shared8, shared16 (runs of 16 tokens), indexer")
+    parser.add_argument("--device", default="cuda", help="cpu: check the arguments and the problems only")
+    return parser.parse_args(argv)
+
+
+def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
+    """Yields ``(name, q, cache, ids, table, req, pos)`` for the cases above (fixed seeds)."""
+    from sglang_nvfp4 import format as fmt
+    from sglang_nvfp4 import kernels
+    from sglang_nvfp4.indexer import BlockSummaries, select_blocks
+
+    def filled_cache(gen, tokens, hkv):
+        cache = fmt.alloc_cache(tokens // PAGE, hkv, device=dev)
+        table = torch.randperm(tokens // PAGE, device=dev, generator=gen).int().view(1, -1)
+        offsets = torch.arange(tokens, device=dev)
+        slots = table[0].long()[offsets // PAGE] * PAGE + offsets % PAGE
+        for part in slots.split(65536):
+            k, v = (torch.randn(part.shape[0], hkv, HEAD_DIM, device=dev, generator=gen).bfloat16() for _ in range(2))
+            kernels.write_kv(cache, part, k, v, 1.0, 1.0)
+        return cache, table, slots
+
+    def random_ids(gen, pos, hkv, width=16):
+        own = (pos.long() // PAGE)[None, :, None]
+        blocks = torch.arange(int(own.max()) + 1, device=dev)
+        out = []
+        for chunk in own.split(4096, dim=1):
+            score = torch.rand(hkv, chunk.shape[1], blocks.numel(), device=dev, generator=gen)
+            score = torch.where(blocks > chunk, -1.0, torch.where(blocks == chunk, 2.0, score))
+            top, ids = torch.topk(score, min(width, blocks.numel()), dim=-1)
+            out.append(torch.where(top < 0, -1, ids).int())
+        ids = torch.cat(out, dim=1)
+        return torch.nn.functional.pad(ids, (0, width - ids.shape[2]), value=-1).contiguous()
+
+    for heads, hkv, patterns in ((64, 4, tuple(patterns)), (16, 1, ("random",))):
+        gen = torch.Generator(device=dev).manual_seed(heads)
+        cache, table, slots = filled_cache(gen, t, hkv)
+        pos = torch.arange(t, dtype=torch.int32, device=dev)
+        req = torch.zeros_like(pos)
+        q = (torch.randn(t, heads, HEAD_DIM, device=dev, generator=gen) * 0.3).bfloat16()
+        for pattern in patterns:
+            if pattern == "random":
+                ids = random_ids(gen, pos, hkv)
+            elif pattern.startswith("shared"):
+                run = int(pattern[len("shared"):])
+                ids = random_ids(gen, pos[run - 1::run], hkv).repeat_interleave(run, dim=1)[:, :t].contiguous()
+            else:
+                summaries = BlockSummaries(cache.shape[0], hkv, device=dev)
+                summaries.update(cache, slots)
+                ids = select_blocks(q, summaries, table, req, pos)
+            yield f"prefill_T{t}_{heads}x{hkv}_{pattern}", q, cache, ids, table, req, pos
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from sglang_nvfp4 import __file__ as package_file
+    from sglang_nvfp4.kernels import gluon_prefill
+
+    has_clusters = "cluster" in inspect.signature(gluon_prefill.launch).parameters
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants]
+    if not has_clusters:
+        skipped = [v for v in variants if v[0] != 1]
+        variants = [v for v in variants if v[0] == 1]
+        if skipped:
+            print(f"{package_file}: no cluster mode; variants {skipped} not run", flush=True)
+    dev = args.device
+    rows = []
+    for name, q, cache, ids, table, req, pos in problems(args.t, dev, args.patterns):
+        if dev == "cpu":
+            print(f"{name}: ids {tuple(ids.shape)}; variants {variants}", flush=True)
+            continue
+        out = torch.empty_like(q)
+        scale = torch.ones(1, device=dev)
+        for cluster, warps in variants:
+            extra = {"cluster": cluster} if has_clusters else {}
+
+            def run():
+                gluon_prefill.launch(q, cache, ids, table, req, pos, scale, scale, HEAD_DIM**-0.5, out,
+                                     producer_warps=warps, **extra)
+
+            ms = graph_ms(run)
+            digest = hashlib.sha256(out.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+            rows.append({"case": name, "cluster": cluster, "producer_warps": warps, "ms": ms, "hash": digest})
+            print(f"  {name} cluster={cluster} warps={warps}: {ms:.3f} ms  {digest}", flush=True)
+        del out
+    record = {
+        "command": "PYTHONPATH=TREE python bench/bench_prefill_variants.py " + " ".join(argv or []),
+        "tree": package_file,
+        "gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
