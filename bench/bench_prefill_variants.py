@@ -23,6 +23,7 @@ import inspect
 import json
 
 import torch
+from bench_regression import random_ids
 from timing import graph_ms
 
 HEAD_DIM = 128
@@ -55,18 +56,6 @@ def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
             k, v = (torch.randn(part.shape[0], hkv, HEAD_DIM, device=dev, generator=gen).bfloat16() for _ in range(2))
             kernels.write_kv(cache, part, k, v, 1.0, 1.0)
         return cache, table, slots
-
-    def random_ids(gen, pos, hkv, width=16):
-        own = (pos.long() // PAGE)[None, :, None]
-        blocks = torch.arange(int(own.max()) + 1, device=dev)
-        out = []
-        for chunk in own.split(4096, dim=1):
-            score = torch.rand(hkv, chunk.shape[1], blocks.numel(), device=dev, generator=gen)
-            score = torch.where(blocks > chunk, -1.0, torch.where(blocks == chunk, 2.0, score))
-            top, ids = torch.topk(score, min(width, blocks.numel()), dim=-1)
-            out.append(torch.where(top < 0, -1, ids).int())
-        ids = torch.cat(out, dim=1)
-        return torch.nn.functional.pad(ids, (0, width - ids.shape[2]), value=-1).contiguous()
 
     for heads, hkv, patterns in ((64, 4, tuple(patterns)), (16, 1, ("random",))):
         gen = torch.Generator(device=dev).manual_seed(heads)

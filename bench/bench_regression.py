@@ -56,6 +56,24 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------------------------- child
 
 
+def random_ids(gen, pos, hkv, width=16):
+    """The cases' selections (also ``bench_prefill_variants.py``'s): per KV head and token its own block, then random
+    distinct earlier blocks, then -1; int32 ``[Hkv, T, width]`` on ``pos``'s device, drawn from ``gen``."""
+    import torch
+
+    dev = pos.device
+    own = (pos.long() // PAGE)[None, :, None]
+    blocks = torch.arange(int(own.max()) + 1, device=dev)
+    out = []
+    for chunk in own.split(4096, dim=1):
+        score = torch.rand(hkv, chunk.shape[1], blocks.numel(), device=dev, generator=gen)
+        score = torch.where(blocks > chunk, -1.0, torch.where(blocks == chunk, 2.0, score))
+        top, ids = torch.topk(score, min(width, blocks.numel()), dim=-1)
+        out.append(torch.where(top < 0, -1, ids).int())
+    ids = torch.cat(out, dim=1)
+    return torch.nn.functional.pad(ids, (0, width - ids.shape[2]), value=-1).contiguous()
+
+
 def measure(args) -> dict:
     """Time every case with the ``sglang_nvfp4`` on ``sys.path``; returns ``{case: {ms, hash}}``."""
     import torch
@@ -94,19 +112,6 @@ def measure(args) -> dict:
                         for _ in range(2))
                 kernels.write_kv(cache, part, k, v, 1.0, 1.0)
         return cache, table
-
-    def random_ids(gen, pos, hkv, width=16):
-        """Own block plus random distinct earlier blocks per KV head and token, then -1: int32 [Hkv, T, 16]."""
-        own = (pos.long() // PAGE)[None, :, None]
-        blocks = torch.arange(int(own.max()) + 1, device=dev)
-        out = []
-        for chunk in own.split(4096, dim=1):
-            score = torch.rand(hkv, chunk.shape[1], blocks.numel(), device=dev, generator=gen)
-            score = torch.where(blocks > chunk, -1.0, torch.where(blocks == chunk, 2.0, score))
-            top, ids = torch.topk(score, min(width, blocks.numel()), dim=-1)
-            out.append(torch.where(top < 0, -1, ids).int())
-        ids = torch.cat(out, dim=1)
-        return torch.nn.functional.pad(ids, (0, width - ids.shape[2]), value=-1).contiguous()
 
     def default_selection(name, q, cache, table, req, pos):
         """Times the selection of the indexer a server builds when no ``NVFP4_SPARSE_*`` variable is set."""
