@@ -23,11 +23,10 @@ import inspect
 import json
 
 import torch
-from bench_regression import random_ids
+from bench_regression import filled_cache, random_ids, token_slots
 from timing import graph_ms
 
 HEAD_DIM = 128
-PAGE = 128
 
 
 def parse_args(argv=None):
@@ -43,23 +42,11 @@ def parse_args(argv=None):
 
 def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
     """Yields ``(name, q, cache, ids, table, req, pos)`` for the cases above (fixed seeds)."""
-    from sglang_nvfp4 import format as fmt
-    from sglang_nvfp4 import kernels
     from sglang_nvfp4.indexer import BlockSummaries, select_blocks
-
-    def filled_cache(gen, tokens, hkv):
-        cache = fmt.alloc_cache(tokens // PAGE, hkv, device=dev)
-        table = torch.randperm(tokens // PAGE, device=dev, generator=gen).int().view(1, -1)
-        offsets = torch.arange(tokens, device=dev)
-        slots = table[0].long()[offsets // PAGE] * PAGE + offsets % PAGE
-        for part in slots.split(65536):
-            k, v = (torch.randn(part.shape[0], hkv, HEAD_DIM, device=dev, generator=gen).bfloat16() for _ in range(2))
-            kernels.write_kv(cache, part, k, v, 1.0, 1.0)
-        return cache, table, slots
 
     for heads, hkv, patterns in ((64, 4, tuple(patterns)), (16, 1, ("random",))):
         gen = torch.Generator(device=dev).manual_seed(heads)
-        cache, table, slots = filled_cache(gen, t, hkv)
+        cache, table = filled_cache(gen, 1, t, hkv, dev)
         pos = torch.arange(t, dtype=torch.int32, device=dev)
         req = torch.zeros_like(pos)
         q = (torch.randn(t, heads, HEAD_DIM, device=dev, generator=gen) * 0.3).bfloat16()
@@ -71,7 +58,7 @@ def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
                 ids = random_ids(gen, pos[run - 1::run], hkv).repeat_interleave(run, dim=1)[:, :t].contiguous()
             else:
                 summaries = BlockSummaries(cache.shape[0], hkv, device=dev)
-                summaries.update(cache, slots)
+                summaries.update(cache, token_slots(table[0], t))
                 ids = select_blocks(q, summaries, table, req, pos)
             yield f"prefill_T{t}_{heads}x{hkv}_{pattern}", q, cache, ids, table, req, pos
 

@@ -56,6 +56,33 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------------------------- child
 
 
+def token_slots(table_row, tokens: int):
+    """The cache slots of a request's first ``tokens`` tokens, from its block-table row: int64 ``[tokens]``."""
+    import torch
+
+    offsets = torch.arange(tokens, device=table_row.device)
+    return table_row.long()[offsets // PAGE] * PAGE + offsets % PAGE
+
+
+def filled_cache(gen, requests, tokens, hkv, dev):
+    """``requests`` requests of ``tokens`` tokens on shuffled pages, written by ``kernels.write_kv`` of the
+    ``sglang_nvfp4`` on ``sys.path``: ``(cache, table)``, the block table int32 ``[requests, tokens / PAGE]``
+    (also ``bench_prefill_variants.py``'s)."""
+    import torch
+
+    from sglang_nvfp4 import format as fmt
+    from sglang_nvfp4 import kernels
+
+    blocks = tokens // PAGE
+    cache = fmt.alloc_cache(requests * blocks, hkv, device=dev)
+    table = torch.randperm(requests * blocks, device=dev, generator=gen).int().view(requests, blocks)
+    for r in range(requests):
+        for part in token_slots(table[r], tokens).split(65536):
+            k, v = (torch.randn(part.shape[0], hkv, HEAD_DIM, device=dev, generator=gen).bfloat16() for _ in range(2))
+            kernels.write_kv(cache, part, k, v, 1.0, 1.0)
+    return cache, table
+
+
 def random_ids(gen, pos, hkv, width=16):
     """The cases' selections (also ``bench_prefill_variants.py``'s): per KV head and token its own block, then random
     distinct earlier blocks, then -1; int32 ``[Hkv, T, width]`` on ``pos``'s device, drawn from ``gen``."""
@@ -99,20 +126,6 @@ def measure(args) -> dict:
         results[name] = {"ms": ms, "hash": digest}
         print(f"  {name}: {ms:.4f} ms  {digest}", flush=True)
 
-    def filled_cache(gen, requests, tokens, hkv):
-        """``requests`` requests of ``tokens`` tokens on shuffled pages, written by ``kernels.write_kv``."""
-        blocks = tokens // PAGE
-        cache = fmt.alloc_cache(requests * blocks, hkv, device=dev)
-        table = torch.randperm(requests * blocks, device=dev, generator=gen).int().view(requests, blocks)
-        offsets = torch.arange(tokens, device=dev)
-        for r in range(requests):
-            slots = table[r].long()[offsets // PAGE] * PAGE + offsets % PAGE
-            for part in slots.split(65536):
-                k, v = (torch.randn(part.shape[0], hkv, HEAD_DIM, device=dev, generator=gen).bfloat16()
-                        for _ in range(2))
-                kernels.write_kv(cache, part, k, v, 1.0, 1.0)
-        return cache, table
-
     def default_selection(name, q, cache, table, req, pos):
         """Times the selection of the indexer a server builds when no ``NVFP4_SPARSE_*`` variable is set."""
         indexer = SparseConfig().build_indexer(1, cache.shape[0], cache.shape[1] // 2, dev)
@@ -123,7 +136,7 @@ def measure(args) -> dict:
     scale = torch.ones(1, device=dev)
     for heads, hkv, patterns in ((64, 4, ("random", "shared8", "indexer")), (16, 1, ("random",))):
         gen = torch.Generator(device=dev).manual_seed(heads)
-        cache, table = filled_cache(gen, 1, t, hkv)
+        cache, table = filled_cache(gen, 1, t, hkv, dev)
         pos = torch.arange(t, dtype=torch.int32, device=dev)
         req = torch.zeros_like(pos)
         q = (torch.randn(t, heads, HEAD_DIM, device=dev, generator=gen) * 0.3).bfloat16()
@@ -135,8 +148,7 @@ def measure(args) -> dict:
                 ids = random_ids(gen, pos[7::8], hkv).repeat_interleave(8, dim=1)[:, :t].contiguous()
             else:
                 summaries = BlockSummaries(cache.shape[0], hkv, device=dev)
-                offsets = torch.arange(t, device=dev)
-                slots = table[0].long()[offsets // PAGE] * PAGE + offsets % PAGE
+                slots = token_slots(table[0], t)
                 summaries.update(cache, slots)
                 ids = select_blocks(q, summaries, table, req, pos)
                 if heads == 64:
@@ -160,7 +172,7 @@ def measure(args) -> dict:
     for batch in (32, 256) if dev == "cuda" else (2,):
         gen = torch.Generator(device=dev).manual_seed(batch)
         hkv = 4
-        cache, table = filled_cache(gen, batch, ctx, hkv)
+        cache, table = filled_cache(gen, batch, ctx, hkv, dev)
         pos = torch.full((batch,), ctx - 1, dtype=torch.int32, device=dev)
         req = torch.arange(batch, dtype=torch.int32, device=dev)
         ids = random_ids(gen, pos, hkv)
