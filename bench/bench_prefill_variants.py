@@ -23,10 +23,8 @@ import inspect
 import json
 
 import torch
-from bench_regression import filled_cache, random_ids, token_slots
+from bench_regression import HEAD_DIM, prefill_problem, random_ids, shared_ids, token_slots
 from timing import graph_ms
-
-HEAD_DIM = 128
 
 
 def parse_args(argv=None):
@@ -45,17 +43,12 @@ def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
     from sglang_nvfp4.indexer import BlockSummaries, select_blocks
 
     for heads, hkv, patterns in ((64, 4, tuple(patterns)), (16, 1, ("random",))):
-        gen = torch.Generator(device=dev).manual_seed(heads)
-        cache, table = filled_cache(gen, 1, t, hkv, dev)
-        pos = torch.arange(t, dtype=torch.int32, device=dev)
-        req = torch.zeros_like(pos)
-        q = (torch.randn(t, heads, HEAD_DIM, device=dev, generator=gen) * 0.3).bfloat16()
+        gen, cache, table, pos, req, q = prefill_problem(heads, hkv, t, dev)
         for pattern in patterns:
             if pattern == "random":
                 ids = random_ids(gen, pos, hkv)
             elif pattern.startswith("shared"):
-                run = int(pattern[len("shared"):])
-                ids = random_ids(gen, pos[run - 1::run], hkv).repeat_interleave(run, dim=1)[:, :t].contiguous()
+                ids = shared_ids(gen, pos, hkv, int(pattern[len("shared"):]))
             else:
                 summaries = BlockSummaries(cache.shape[0], hkv, device=dev)
                 summaries.update(cache, token_slots(table[0], t))

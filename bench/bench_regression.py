@@ -101,6 +101,25 @@ def random_ids(gen, pos, hkv, width=16):
     return torch.nn.functional.pad(ids, (0, width - ids.shape[2]), value=-1).contiguous()
 
 
+def prefill_problem(heads: int, hkv: int, t: int, dev: str):
+    """The prefill cases' problem (also ``bench_prefill_variants.py``'s) for ``heads`` query / ``hkv`` KV heads and
+    ``t`` tokens of one request: ``(gen, cache, table, pos, req, q)``, drawn in this order from a generator seeded
+    with ``heads``, whose further draws make the selections."""
+    import torch
+
+    gen = torch.Generator(device=dev).manual_seed(heads)
+    cache, table = filled_cache(gen, 1, t, hkv, dev)
+    pos = torch.arange(t, dtype=torch.int32, device=dev)
+    req = torch.zeros_like(pos)
+    q = (torch.randn(t, heads, HEAD_DIM, device=dev, generator=gen) * 0.3).bfloat16()
+    return gen, cache, table, pos, req, q
+
+
+def shared_ids(gen, pos, hkv, run: int):
+    """:func:`random_ids` drawn for the last token of each run of ``run`` tokens and shared by the whole run."""
+    return random_ids(gen, pos[run - 1::run], hkv).repeat_interleave(run, dim=1)[:, :pos.numel()].contiguous()
+
+
 def measure(args) -> dict:
     """Time every case with the ``sglang_nvfp4`` on ``sys.path``; returns ``{case: {ms, hash}}``."""
     import torch
@@ -135,17 +154,13 @@ def measure(args) -> dict:
     t = args.prefill_t
     scale = torch.ones(1, device=dev)
     for heads, hkv, patterns in ((64, 4, ("random", "shared8", "indexer")), (16, 1, ("random",))):
-        gen = torch.Generator(device=dev).manual_seed(heads)
-        cache, table = filled_cache(gen, 1, t, hkv, dev)
-        pos = torch.arange(t, dtype=torch.int32, device=dev)
-        req = torch.zeros_like(pos)
-        q = (torch.randn(t, heads, HEAD_DIM, device=dev, generator=gen) * 0.3).bfloat16()
+        gen, cache, table, pos, req, q = prefill_problem(heads, hkv, t, dev)
         out = torch.empty_like(q)
         for pattern in patterns:
             if pattern == "random":
                 ids = random_ids(gen, pos, hkv)
             elif pattern == "shared8":
-                ids = random_ids(gen, pos[7::8], hkv).repeat_interleave(8, dim=1)[:, :t].contiguous()
+                ids = shared_ids(gen, pos, hkv, 8)
             else:
                 summaries = BlockSummaries(cache.shape[0], hkv, device=dev)
                 slots = token_slots(table[0], t)
