@@ -70,6 +70,9 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     share = 4 / producer_warps
     assert ptx.count("ld.global.v2.b32") == 2 * (8 + 8 + 4) * share
     assert ptx.count("ld.global.b8") == 2 * 8 * share
+    # The producer reads its plan entries from its shared copy of the plan: page, block and member mask, before the
+    # loop and in it (the rest of the kernel has at most 4 such loads).
+    assert ptx.count("ld.shared.b32") >= 6
     # The scale operands reach the words' threads without shuffles (a layout mismatch adds 64 per copy); the
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
     # producer's live-key maximum.

@@ -202,14 +202,35 @@ def _decode_vt(codes, lo, hi, live_keys):
     return _flat_tile(decode_words(codes, scales))
 
 
+# The producer's copy of its tile's union plan: one int32 buffer ``[WIDTH, 1]`` per field (page, block, member mask),
+# written whole once and read one entry (``index``) at a time.
+PLAN_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+
 @gluon.jit
-def _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u, union_len):
-    """Entry ``u`` of a tile's union: ``(page (int64), block, members)``; page 0, block 0 and no members past
-    ``union_len`` (the prefetch of the entry after the last)."""
+def _stage_plan(plan_ptrs, plan, union_len, plan_smem, WIDTH: gl.constexpr, WARPS: gl.constexpr):
+    """Copies the tile's union plan (``plan_ptrs``: page, block and member-mask arrays; zeros past ``union_len``)
+    into ``plan_smem`` (:data:`PLAN_LAYOUT`), which :func:`_plan_entry` reads. Read from global memory one entry at a
+    time, the page number's load sat right before the page's own loads, and the member mask's before the next
+    entry's first instruction: two exposed latencies per page (``bench/results/kernels_v2_h200.md``, profile)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    u = gl.arange(0, WIDTH, layout=layout)
     valid = u < union_len
-    page = gl.load(plan_page_ptr + plan + u, mask=valid, other=0).to(gl.int64)
-    block = gl.load(plan_block_ptr + plan + u, mask=valid, other=0)
-    members = gl.load(plan_members_ptr + plan + u, mask=valid, other=0)
+    for field in gl.static_range(3):
+        plan_smem[field]._reinterpret(gl.int32, [WIDTH], PLAN_LAYOUT).store(
+            gl.load(plan_ptrs[field] + plan + u, mask=valid, other=0))
+
+
+@gluon.jit
+def _plan_entry(plan_smem, u, WIDTH: gl.constexpr, WARPS: gl.constexpr):
+    """Entry ``u`` of the tile's staged union plan (:func:`_stage_plan`): ``(page (int64), block, members)``; past
+    the last entry, page 0, block 0 and no members (for ``u = WIDTH``, the last slot's entry: only the prefetch past
+    the last entry asks, and nothing decodes it)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    at = gl.minimum(u, WIDTH - 1)
+    page = gl.max(plan_smem[0].index(at).load(one), axis=0).to(gl.int64)
+    block = gl.max(plan_smem[1].index(at).load(one), axis=0)
+    members = gl.max(plan_smem[2].index(at).load(one), axis=0)
     return page, block, members
 
 
@@ -228,9 +249,10 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     The loads run one step ahead of the decoding: a fence (``fence_async_shared``, before each hand-off) waits
     for every load the thread has in flight, so each load is issued right after a hand-off and lands while the
     other half of the page decodes: the next entry and its K while this page's V^T decodes, the next V^T while
-    the next K decodes."""
+    the next K decodes. The entries themselves come from a copy of the tile's plan in shared memory
+    (:func:`_stage_plan`), so no page's loads wait for its page number to arrive from global memory."""
     cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr = ptrs
-    k_bufs, v_bufs, k_ready, v_ready, empty = bufs
+    k_bufs, v_bufs, k_ready, v_ready, empty, plan_smem = bufs
     T, num_tiles = sizes
     tile = num_tiles - 1 - gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -245,7 +267,8 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     k_offset = kv_head * BLOCK_WORDS
     v_offset = (HKV + kv_head) * BLOCK_WORDS
 
-    page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, 0, union_len)
+    _stage_plan((plan_page_ptr, plan_block_ptr, plan_members_ptr), plan, union_len, plan_smem, WIDTH, WARPS)
+    page, block, members = _plan_entry(plan_smem, 0, WIDTH, WARPS)
     k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset, WARPS)
     v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset, WARPS)
     for u in range(union_len):
@@ -257,7 +280,7 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
         fence_async_shared()  # order the generic-proxy stores before the consumers' wgmma reads
         mbarrier.arrive(k_ready.index(stage), count=1)
         # Past the last entry these read page 0 (in bounds) and decode nothing.
-        page, block, members = _plan_entry(plan_page_ptr, plan_block_ptr, plan_members_ptr, plan, u + 1, union_len)
+        page, block, members = _plan_entry(plan_smem, u + 1, WIDTH, WARPS)
         k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset, WARPS)
         v_bufs.index(stage).store(_decode_vt(v_codes, v_lo, v_hi, live_keys))
         fence_async_shared()
@@ -366,6 +389,9 @@ def _ws_prefill_kernel(
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    plan_smem = (gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT),
+                 gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT),
+                 gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT))
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -380,7 +406,7 @@ def _ws_prefill_kernel(
         (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
                             GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
         (_producer, ((cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr),
-                     rings, (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
+                     rings + (plan_smem,), (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
     ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
