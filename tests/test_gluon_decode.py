@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from gluon_compile import compile_for_hopper, registers_and_stack
 from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.kernels import gluon_decode, triton_decode
-from sglang_nvfp4.kernels.gluon_common import decode_words, k_scale_operand
+from sglang_nvfp4.kernels.gluon_common import decode_word_planes, k_scale_operand
 
 ON_HOPPER = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (sm_90) GPU")
@@ -36,28 +36,32 @@ def _signature(q_dtype: str, by_pointer: bool) -> dict:
     sig.update({name: "i32" for name in ("K", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_ih",
                                          "stride_it", "stride_ik", "stride_br", "stride_bs")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "ROWS", "K_POW2", "SPLITS", "CHUNKS_PER_SPLIT",
-                                               "STACK_LEVELS", "PREFETCH", "K_SCALE_BY_POINTER", "V_SCALE_BY_POINTER")})
+                                               "STACK_LEVELS", "PREFETCH", "L2_PAGES", "K_SCALE_BY_POINTER",
+                                               "V_SCALE_BY_POINTER")})
     return sig
 
 
-@pytest.mark.parametrize("group, width, splits, prefetch, by_pointer", [
-    (16, 32, 8, False, True), (16, 16, 8, False, False), (16, 16, 1, False, False), (16, 16, 1, True, False),
-    (16, 32, 1, True, True), (16, 32, 2, True, False), (16, 64, 2, False, False), (8, 16, 2, True, False),
-    (32, 64, 2, False, True), (16, 16, 8, True, False), (16, 32, 16, True, False),  # 1 chunk per split, prefetching
+@pytest.mark.parametrize("group, width, splits, prefetch, by_pointer, l2_pages", [
+    (16, 32, 8, False, True, 2), (16, 16, 8, False, False, 0), (16, 16, 1, False, False, 2),
+    (16, 16, 1, True, False, 2), (16, 32, 1, True, True, 0), (16, 32, 2, True, False, 2), (16, 64, 2, False, False, 4),
+    (8, 16, 2, True, False, 1), (32, 64, 2, False, True, 2),
+    (16, 16, 8, True, False, 2), (16, 32, 16, True, False, 2),  # 1 chunk per split, prefetching
 ])
-def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer):
-    """What ``launch`` compiles, with its register cap, with and without the prefetch where it may pick it."""
+def test_compiles_for_hopper(group, width, splits, prefetch, by_pointer, l2_pages):
+    """What ``launch`` compiles, with its register cap, with and without the prefetch where it may pick it, and with
+    0 to 4 pages prefetched into L2 (one bulk prefetch per block, K and V^T, in the loop and before it)."""
     rows = max(16, triton.next_power_of_2(group))
     chunks_per_split = gluon_decode.num_chunks(width) // splits
     stack_levels = chunks_per_split.bit_length()
     constexprs = {"HKV": 4, "GROUP": group, "ROWS": rows, "K_POW2": gluon_decode.selection_slots(width), "SPLITS": splits,
                   "CHUNKS_PER_SPLIT": chunks_per_split, "STACK_LEVELS": stack_levels, "PREFETCH": prefetch,
-                  "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
+                  "L2_PAGES": l2_pages, "K_SCALE_BY_POINTER": by_pointer, "V_SCALE_BY_POINTER": by_pointer}
     compiled = compile_for_hopper(gluon_decode._sparse_decode_kernel, _signature("*bf16", by_pointer), constexprs,
                                   gluon_decode.NUM_WARPS.value, gluon_decode.max_registers(rows, width, prefetch))
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ptx.count("cvt.rn.f16x2.e4m3x2") >= 32 * 4  # 32 code words per thread
     assert ptx.count("ld.global.v2.b32") >= 16  # a row's 4 code words in two 8-byte loads (rows are 72 bytes)
+    assert ptx.count("cp.async.bulk.prefetch.L2.global") == 2 * l2_pages
     assert registers_and_stack(compiled)[1] == 0  # no spills under the register cap
     # fp16 Q^T and P^T, the merge stack (fp32 partials), and reduction scratch
     stack_bytes = stack_levels * (rows * fmt.HEAD_DIM + 2 * rows) * 4
@@ -73,7 +77,7 @@ def _decoded_tile_kernel(words_ptr, out_ptr):
     word = gl.arange(0, 16, layout=gl.SliceLayout(0, gluon_decode.WORDS_LAYOUT))[None, :]
     words = gl.load(words_ptr + row * 16 + word)
     scale = k_scale_operand(gl.reshape(words >> 24, gluon_decode.TILE_6D))
-    tile = gluon_decode._as_operand(decode_words(gl.reshape(words, gluon_decode.TILE_6D), (scale, scale, scale, scale)), operand)
+    tile = gluon_decode._as_operand(decode_word_planes(gl.reshape(words, gluon_decode.TILE_6D), (scale,) * 4), operand)
     rows = gl.arange(0, 128, layout=gl.SliceLayout(1, operand))[:, None]
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, operand))[None, :]
     gl.store(out_ptr + rows * 128 + cols, tile)
@@ -179,14 +183,19 @@ def test_every_split_count_gives_the_same_bits(lens, heads, kv_heads, width):
 @hopper_only
 @DROPPED_PAGE_PROBLEMS
 def test_prefetch_gives_the_same_bits(lens, heads, kv_heads, width):
-    """The prefetch changes when a page's bytes are loaded, not the arithmetic: with and without it, at one split
-    and at the most splits (where a program's prefetch runs past its last page), the same bits. Where it would
-    spill (more than 32 ids per token), the launch refuses it."""
+    """The prefetches change when a page's bytes are loaded, not the arithmetic: with and without the register
+    prefetch, and with 0, 1 or 3 pages brought into L2 ahead, at one split and at the most splits (where a program's
+    prefetches run past its last page), the same bits. Where the register prefetch would spill (more than 32 ids per
+    token), the launch refuses it."""
     args = _dropped_page_args(17 + width, lens, heads, kv_heads, width)
     q = args[0]
     for splits in gluon_decode.split_range(width):
-        want = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=False)
+        want = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=False, l2_pages=0)
         assert not want.isnan().any()
+        for l2_pages in (1, 3):
+            out = gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=False,
+                                      l2_pages=l2_pages)
+            assert torch.equal(out, want), (splits, l2_pages)
         if gluon_decode.selection_slots(width) > 32:
             with pytest.raises(ValueError, match="prefetch"):
                 gluon_decode.launch(*args, torch.full_like(q, float("nan")), splits=splits, prefetch=True)
@@ -197,22 +206,28 @@ def test_prefetch_gives_the_same_bits(lens, heads, kv_heads, width):
 
 def test_split_counts_follow_the_batch(monkeypatch):
     """Many splits for a few tokens, one for large batches, always within the accepted range (132 multiprocessors,
-    an H200's); a count outside it is refused. Programs that fit in one wave prefetch."""
+    an H200's); a count outside it is refused. Programs that leave multiprocessors idle prefetch into registers."""
     monkeypatch.setattr(gluon_decode, "_multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
     assert [gluon_decode.prefetches(16, 16, 4 * t * splits, cpu)
-            for t, splits in ((1, 8), (8, 8), (32, 2), (64, 1), (256, 1))] == [True, True, True, True, False]
-    assert gluon_decode.prefetches(16, 32, 4 * 8 * 8, cpu)  # top-32 at batch 8
+            for t, splits in ((1, 8), (8, 8), (32, 2), (64, 1), (256, 1))] == [True, False, False, False, False]
+    assert gluon_decode.prefetches(16, 32, 4 * 1 * 16, cpu) and not gluon_decode.prefetches(16, 32, 4 * 8 * 8, cpu)
     assert not gluon_decode.prefetches(32, 32, 4, cpu) and not gluon_decode.prefetches(16, 64, 4, cpu)  # would spill
     assert [gluon_decode.decode_splits(t, 4, 16, cpu) for t in (1, 8, 32, 64, 256)] == [8, 8, 2, 1, 1]
     assert [gluon_decode.decode_splits(t, 4, 32, cpu) for t in (1, 8, 32, 64, 256)] == [16, 8, 2, 1, 1]
     assert gluon_decode.decode_splits(256, 4, 1024, cpu) == 32  # a dense layer's width: 16 chunks per split
     assert gluon_decode.decode_splits(1, 1, 1, cpu) == 1
+    # The L2 prefetch runs one page past the bytes a program loads, where it walks that far.
+    assert [gluon_decode.l2_prefetch_pages(prefetch, pages) for prefetch, pages in
+            ((False, 16), (True, 8), (True, 2), (False, 2), (False, 1), (True, 3))] == [1, 2, 0, 1, 0, 2]
     assert gluon_decode.split_range(16) == (1, 8) and gluon_decode.split_range(1024) == (32, 512)
     q = torch.zeros(1, 16, fmt.HEAD_DIM)
     with pytest.raises(ValueError, match="splits"):
         gluon_decode.launch(q, torch.zeros(1, 2, 128, 72, dtype=torch.uint8), torch.zeros(1, 1, 16, dtype=torch.int32),
                             None, None, None, 1.0, 1.0, 1.0, q, splits=16)
+    with pytest.raises(ValueError, match="l2_pages: 0 to 8, got 9"):
+        gluon_decode.launch(q, torch.zeros(1, 2, 128, 72, dtype=torch.uint8), torch.zeros(1, 1, 16, dtype=torch.int32),
+                            None, None, None, 1.0, 1.0, 1.0, q, splits=1, prefetch=False, l2_pages=9)
     wide = torch.zeros(1, 32, fmt.HEAD_DIM)  # 32 rows per KV head: a prefetch would spill
     with pytest.raises(ValueError, match="prefetch"):
         gluon_decode.launch(wide, torch.zeros(1, 2, 128, 72, dtype=torch.uint8),

@@ -129,8 +129,9 @@ def test_prefill_is_batch_invariant_on_gpu():
 
 def test_decode_is_batch_invariant_on_gpu():
     """A decode batch of 64 requests: each request alone, and batches of 1, 7 and 32 of them, give the bits
-    they get in the batch of 64. On Hopper the Gluon decode's split count follows the batch (8 splits alone, 2 and
-    a prefetch for 32, 1 and a prefetch for 64), and its merge tree keeps the bits."""
+    they get in the batch of 64. On Hopper the Gluon decode's split count and prefetches follow the batch (8 splits and
+    a register prefetch alone, 2 splits for 32, 1 for 64, with an L2 prefetch one page ahead), and its merge tree keeps
+    the bits."""
     gen = torch.Generator(device=DEV).manual_seed(6)
     lens = [9000 - 97 * r for r in range(64)]
     cache, block_table = filled_cache(lens, 4, gen)

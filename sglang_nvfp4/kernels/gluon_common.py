@@ -16,7 +16,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .. import format as fmt
-from .triton_common import E2M1_WORD_TO_F16X2_PTX
+from .triton_common import E2M1_WORD_TO_E4M3_PLANES_PTX, E2M1_WORD_TO_F16X2_PTX
 
 SCALE_WORD = gl.constexpr(fmt.SCALE_OFFSET // 4)  # a row's 8 scale bytes, as 2 little-endian words from this word on
 
@@ -35,6 +35,17 @@ _K_SCALE_PTX = gl.constexpr("""{
 .reg .b32 a;
 .reg .b16 h0, h1;
 prmt.b32 a, $1, 0, 0x0000; mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 $0, h0;
+}""")
+# The same decoder without the byte interleave: the planes are converted as they are, so the pairs are codes (0, 2),
+# (4, 6), (1, 3), (5, 7) ($9..$12 their scale operands), 2 instructions fewer per word; out $0..$7 = codes 0, 2, 4,
+# 6, 1, 3, 5, 7.
+_WORD_PLANES_PTX = gl.constexpr("""{
+.reg .b32 e, o, t, p0, p1, p2, p3;
+.reg .b16 h0, h1;""" + E2M1_WORD_TO_E4M3_PLANES_PTX + """
+mov.b32 {h0, h1}, e; cvt.rn.f16x2.e4m3x2 p0, h0; cvt.rn.f16x2.e4m3x2 p1, h1;
+mov.b32 {h0, h1}, o; cvt.rn.f16x2.e4m3x2 p2, h0; cvt.rn.f16x2.e4m3x2 p3, h1;
+mul.rn.f16x2 p0, p0, $9; mul.rn.f16x2 p1, p1, $10; mul.rn.f16x2 p2, p2, $11; mul.rn.f16x2 p3, p3, $12;
+mov.b32 {$0, $1}, p0; mov.b32 {$2, $3}, p1; mov.b32 {$4, $5}, p2; mov.b32 {$6, $7}, p3;
 }""")
 # V^T: the 8 token scales of an octet (bytes of $4, then of $5) as the operands of its 4 code pairs ($0..$3).
 _VT_SCALES_PTX = gl.constexpr("""{
@@ -68,6 +79,30 @@ def vt_scale_operands(lo, hi):
                                      is_pure=True, pack=1)
 
 
+# V^T scales for :data:`_WORD_PLANES_PTX`'s pairs: tokens (0, 2), (4, 6), (1, 3), (5, 7) ($0..$3) from the octet's
+# two scale words ($4: tokens 0-3, $5: 4-7; byte permute 0x3120 puts tokens 0, 2 in the low half), each then
+# passed through ``min.f16x2`` with 448 (the largest E4M3 value), which returns the other input where one is NaN.
+_VT_PLANE_SCALES_FINITE_PTX = gl.constexpr("""{
+.reg .b16 h0, h1;
+.reg .b32 a, top;
+mov.b32 top, 0x5F005F00;
+prmt.b32 a, $4, 0, 0x3120; mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 $0, h0; cvt.rn.f16x2.e4m3x2 $2, h1;
+prmt.b32 a, $5, 0, 0x3120; mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 $1, h0; cvt.rn.f16x2.e4m3x2 $3, h1;
+min.f16x2 $0, $0, top; min.f16x2 $1, $1, top; min.f16x2 $2, $2, top; min.f16x2 $3, $3, top;
+}""")
+
+
+@gluon.jit
+def vt_plane_scale_operands_finite(lo, hi):
+    """V^T scales of token octets (as :func:`vt_scale_operands` takes them) -> the 4 fp16x2 operands that
+    :func:`decode_word_planes` takes for the words of that octet, with every NaN scale (an E4M3 NaN code) replaced
+    by 448, the largest E4M3 value, and every other scale unchanged. For callers whose keys with such scale bytes
+    get no weight (``p = 0``, their logits masked to ``-inf``): their values then stay finite, so ``p * v`` is 0
+    instead of NaN. Cheaper than zeroing those keys' scales with :func:`live_token_masks` page by page."""
+    return gl.inline_asm_elementwise(_VT_PLANE_SCALES_FINITE_PTX, "=r,=r,=r,=r,r,r", [lo, hi],
+                                     dtype=(gl.uint32,) * 4, is_pure=True, pack=1)
+
+
 @gluon.jit
 def decode_words(words, scales):
     """uint32 code words (any shape ``S``, any layout) and the 4 fp16x2 scale operands of their code pairs (a tuple
@@ -79,6 +114,19 @@ def decode_words(words, scales):
         _WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [words, scales[0], scales[1], scales[2], scales[3]],
         dtype=(gl.float16,) * 8, is_pure=True, pack=1)
     return gl.join(gl.join(gl.join(c0, c4), gl.join(c2, c6)), gl.join(gl.join(c1, c5), gl.join(c3, c7)))
+
+
+@gluon.jit
+def decode_word_planes(words, scales):
+    """:func:`decode_words` with the pairs of the fp16x2 registers two codes apart (:data:`_WORD_PLANES_PTX`, 2
+    instructions fewer per word), for a caller that may contract over its own order of the codes: ``scales`` are the
+    operands of the pairs (0, 2), (4, 6), (1, 3), (5, 7) (:func:`k_scale_operand` four times, or
+    :func:`vt_plane_scale_operands_finite`) -> fp16 ``S + [2, 2, 2]``: code ``4x + y + 2z`` of each word at
+    ``[x, y, z]``, so that the last axis holds the two codes of one register."""
+    c0, c2, c4, c6, c1, c3, c5, c7 = gl.inline_asm_elementwise(
+        _WORD_PLANES_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [words, scales[0], scales[1], scales[2], scales[3]],
+        dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    return gl.join(gl.join(gl.join(c0, c4), gl.join(c1, c5)), gl.join(gl.join(c2, c6), gl.join(c3, c7)))
 
 
 @gluon.jit

@@ -15,9 +15,11 @@ A layout (k_width 2) a thread holds, per row and per pair of 16-wide k steps, 8 
 consecutive k indices; a code word holds 8 consecutive cache elements. Both products contract over an index
 whose order is free so long as both operands use it, so the kernel runs them over permuted indices:
 
-* logical k index ``32 wr + 16 a + 8 b + 2 wl + c`` is cache element ``8 (4 wl + wr) + 4 a + 2 b + c``
+* logical k index ``32 wr + 16 x + 8 y + 2 wl + z`` is cache element ``8 (4 wl + wr) + 4 x + 2 z + y``
   (:func:`cache_index`): word ``4 wl + wr`` of a row (``wl``: the thread's lane within a quad, ``wr``: its
-  register) and code ``4 a + 2 b + c`` of that word;
+  register) and code ``4 x + 2 z + y`` of that word. The two values of one fp16x2 register (``z``, k bit 0) are
+  then codes two apart, which the decoder converts as they come, without a byte interleave
+  (:func:`.gluon_common.decode_word_planes`);
 * for ``S^T`` the contraction index is the head dim: ``Q^T`` is staged in shared memory in this dim order;
 * for ``O^T`` it is the key: ``S^T`` rows (keys) are loaded in this key order too, so ``P^T`` leaves the
   softmax already in the order V^T's words give, and goes to shared memory (``ROWS x 128`` fp16) as is.
@@ -37,12 +39,16 @@ a token's output depends on its own selection only.
 
 A token's pages are looked up in the block table once, when its program starts, so that no page's bytes wait on a
 block-table load of their own. Programs that fit in one wave load each page's bytes while the page before it
-computes (:func:`prefetches`).
+computes (:func:`prefetches`). One page beyond the bytes a program has already asked for, its next page's blocks
+are brought into L2 by a bulk prefetch from one thread (:func:`l2_prefetch_pages`), which costs no register and no
+shared memory: the loads of that page then wait on L2 instead of HBM.
 
 Numerics: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2 softmax, ``P``
 rounded to fp16, as the Triton kernel; the summation order differs, so outputs agree with it to rounding,
-not bit for bit. V scales of keys past the token's position are zeroed (their bytes may be E4M3 NaN codes)
-and their scores masked to ``-inf``.
+not bit for bit. Keys past the token's position have their scores masked to ``-inf``, so ``p = 0``; their scale
+bytes may be E4M3 NaN codes, which the V scale operands replace by 448
+(:func:`.gluon_common.vt_plane_scale_operands_finite`), so that ``p * v`` is 0 and not NaN. Every other scale is
+unchanged, so this equals zeroing those keys' V scales, as the Triton decode does, up to the sign of a zero.
 
 Scope (:func:`supports`): NVIDIA sm_90, 1 to 32 query heads per KV head. It runs only compiled (Gluon
 has no interpreter); ``tests/test_gluon_decode.py`` compiles it for sm_90 on any host, checks that no
@@ -60,7 +66,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from . import triton_decode
-from .gluon_common import SCALE_WORD, decode_words, k_scale_operand, live_token_masks, vt_scale_operands
+from .gluon_common import SCALE_WORD, decode_word_planes, k_scale_operand, vt_plane_scale_operands_finite
 from .triton_common import (
     BLOCK_WORDS,
     HEAD_DIM,
@@ -79,8 +85,10 @@ NUM_WARPS = gl.constexpr(4)  # one warpgroup
 CHUNK_PAGES = gl.constexpr(2)  # kept pages folded in order into one partial: the leaves of the merge tree
 MAX_CHUNKS_PER_SPLIT = 16  # the merge stack's depth: 5 levels of ROWS x 128 fp32 in shared memory
 # Programs the split count aims for, per multiprocessor: in both H200 sweeps of bench/results/decode_gluon_h200.md,
-# about 256 programs in all served every batch size best (8 splits at batch 8, 2 at 32, 1 from 64 on).
+# about 256 programs in all served every batch size best (8 splits at batch 8, 2 at 32, 1 from 64 on). Measured before
+# the L2 prefetch, and kept: with it, the programs of batch 32 still take 2 splits.
 PROGRAMS_PER_SM = 2
+MAX_L2_PAGES = 8  # the most pages ahead a launch may prefetch into L2 (l2_pages)
 # The merge stack's shared-memory layouts: each thread stores and reloads its own elements of the mma layout.
 STACK_ROWS_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 STACK_ACC_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -100,13 +108,25 @@ def max_registers(rows: int, width: int, prefetch: bool) -> int:
 
 
 def prefetches(rows: int, width: int, programs: int, device: torch.device) -> bool:
-    """Whether each of the launch's ``programs`` loads a page's bytes while the page before it computes. The next
-    page's bytes cost registers (2 programs per multiprocessor instead of 3; with more than 16 rows or 32 ids per
-    token they would spill), which pays when the programs fit in one wave at 2 per multiprocessor: at 32K context,
-    7-12% faster at batch 32-64 and 4-6% slower at batch 256 (H200, ``bench/results/decode_gluon_h200.md``); 4-5%
-    faster at batch 1, top-16 and top-32, whose programs walk 2 pages each, and 1% slower at batch 8 (H100,
-    ``bench/results/kernels_v2_h100.md``)."""
-    return rows <= 16 and selection_slots(width) <= 32 and programs <= PROGRAMS_PER_SM * _multiprocessors(device)
+    """Whether each of the launch's ``programs`` loads a page's bytes into registers while the page before it
+    computes. The next page's bytes cost registers: 2 programs per multiprocessor instead of 3, and with more than 16
+    rows or 32 ids per token they would spill. Since the programs bring their next page into L2 ahead of its loads
+    (:func:`l2_prefetch_pages`), this pays only where the programs do not fill the multiprocessors anyway, one
+    program or fewer each. On one H100 (64/4, 32K context, top-16, ``bench/results/decode_l2_h100.json``), batch 1
+    (32 programs) took 13.0 µs with it and 13.9 without (and the L2 prefetch); batch 8, 32 and 64 (256 programs each)
+    19.2 / 36.4 / 51.8 µs with it against 18.5 / 34.7 / 50.1 µs without."""
+    return rows <= 16 and selection_slots(width) <= 32 and programs <= _multiprocessors(device)
+
+
+def l2_prefetch_pages(prefetch: bool, pages_per_program: int) -> int:
+    """How many pages ahead :func:`launch` has a program's pages brought into L2: one page past the bytes it already
+    loads (1, or 2 with the register prefetch), and none where a program walks no further. On one H100 (64/4, 32K
+    context, top-16, ``bench/results/decode_l2_h100.json``, two calls), batch 256 (no register prefetch) took 154-156
+    µs at 1 page, 160-163 at 2, 178-206 at 3-4 and 166-169 at none; batch 32 with the register prefetch (8 pages per
+    program) 36.4-37.4 µs at 2 pages, 38.5-38.9 at 1 and 37.6-38.5 at none; batch 1 (2 pages per program) 12.8-13.2
+    µs at none, 13.4-14.1 at 2. Deeper prefetches flood L2 and HBM's queues ahead of the loads that wait."""
+    ahead = 2 if prefetch else 1
+    return ahead if pages_per_program > ahead else 0
 
 
 def num_chunks(width: int) -> int:
@@ -143,8 +163,8 @@ def supports(heads: int, kv_heads: int, width: int) -> bool:
 @gluon.jit
 def cache_index(k):
     """Cache element (dim of a key row, or key of a V^T row) at logical index ``k`` of a tile (module
-    docstring): bits ``k0, k1 k2, k3, k4, k5 k6`` = ``c, wl, b, a, wr`` -> ``32 wl + 8 wr + 4 a + 2 b + c``."""
-    return (k & 1) | (((k >> 3) & 1) << 1) | (((k >> 4) & 1) << 2) | (((k >> 5) & 3) << 3) | (((k >> 1) & 3) << 5)
+    docstring): bits ``k0, k1 k2, k3, k4, k5 k6`` = ``z, wl, y, x, wr`` -> ``32 wl + 8 wr + 4 x + 2 z + y``."""
+    return ((k >> 3) & 1) | ((k & 1) << 1) | (((k >> 4) & 1) << 2) | (((k >> 5) & 3) << 3) | (((k >> 1) & 3) << 5)
 
 
 @gluon.jit
@@ -168,37 +188,39 @@ TILE_6D = gl.constexpr((2, 4, 2, 8, 4, 4))
 
 @gluon.jit
 def _as_operand(codes, operand_layout: gl.constexpr):
-    """Decoded words ``TILE_6D + [2, 2, 2]`` (row, word ``4 wl + wr``, code ``4a + 2b + c``) -> fp16 ``[128, 128]``
-    with column ``32 wr + 16 a + 8 b + 2 wl + c``, in ``operand_layout``. With the words loaded in
-    ``WORDS_LAYOUT`` this is a renaming of registers: no data moves."""
-    x = gl.reshape(codes, (PAGE, 4, 4, 2, 2, 2))  # [row, wl, wr, a, b, c]
-    x = gl.permute(x, (0, 2, 3, 4, 1, 5))  # [row, wr, a, b, wl, c]
+    """Decoded words ``TILE_6D + [2, 2, 2]`` (row, word ``4 wl + wr``, code ``4x + y + 2z``,
+    :func:`.gluon_common.decode_word_planes`) -> fp16 ``[128, 128]`` with column ``32 wr + 16 x + 8 y + 2 wl + z``,
+    in ``operand_layout``. With the words loaded in ``WORDS_LAYOUT`` this is a renaming of registers: no data
+    moves."""
+    x = gl.reshape(codes, (PAGE, 4, 4, 2, 2, 2))  # [row, wl, wr, x, y, z]
+    x = gl.permute(x, (0, 2, 3, 4, 1, 5))  # [row, wr, x, y, wl, z]
     return gl.convert_layout(gl.reshape(x, (PAGE, HEAD_DIM)), operand_layout)
 
 
 @gluon.jit
-def _page_blocks(page, kv_head, HKV: gl.constexpr):
-    """Offsets (in 4-byte words) of the K and V^T blocks of ``page`` and ``kv_head``."""
-    k_block = page.to(gl.int64) * (2 * HKV * BLOCK_WORDS) + kv_head * BLOCK_WORDS
+def _block_words(words_ptr, page, kv_head, HKV: gl.constexpr):
+    """Pointers to the first words of ``page``'s K and V^T blocks of ``kv_head``, computed once per page (uniform): the
+    loads add their loop-invariant 32-bit offsets within the block to them."""
+    k_block = words_ptr + page.to(gl.int64) * (2 * HKV * BLOCK_WORDS) + kv_head * BLOCK_WORDS
     return k_block, k_block + HKV * BLOCK_WORDS
 
 
 @gluon.jit
-def _load_k(words_ptr, k_block, k_at):
+def _load_k(k_block, k_at):
     """A page's K bytes of this thread (offsets ``k_at`` within the block, :func:`_sparse_decode_kernel`): code words
     ``[128, 16]`` in WORDS_LAYOUT, and per row of the thread its 2 scale bytes (5-d, uint16)."""
     k_words_at, k_scales_at = k_at
-    scales = (words_ptr + k_block).to(gl.pointer_type(gl.uint16), bitcast=True) + k_scales_at
-    return gl.load(words_ptr + k_block + k_words_at), gl.load(scales)
+    scales = k_block.to(gl.pointer_type(gl.uint16), bitcast=True) + k_scales_at
+    return gl.load(k_block + k_words_at), gl.load(scales)
 
 
 @gluon.jit
-def _load_v(words_ptr, v_block, v_at):
+def _load_v(v_block, v_at):
     """A page's V^T bytes of this thread: code words ``[128, 16]`` in WORDS_LAYOUT, and the 8 token scales of each
     word's octet as two words (4-d)."""
     v_words_at, v_scale_at = v_at
-    scales = words_ptr + v_block + v_scale_at
-    return gl.load(words_ptr + v_block + v_words_at), gl.load(scales), gl.load(scales + 1)
+    scales = v_block + v_scale_at
+    return gl.load(v_block + v_words_at), gl.load(scales), gl.load(scales + 1)
 
 
 @gluon.jit
@@ -236,15 +258,39 @@ def _kept_page(block, page, keep, order, j):
     return gl.sum(gl.where(chosen, block, 0), axis=0), gl.sum(gl.where(chosen, page, 0), axis=0)
 
 
+# One thread of the program ($1 = 0) asks the copy engine to bring a page's K and V^T blocks ($2, $3: BLOCK_BYTES each,
+# 16-byte aligned) into L2; nothing is written to the program's registers or shared memory, and nothing waits for it.
+_L2_PREFETCH_PTX = gl.constexpr("""{
+.reg .pred leader;
+setp.eq.u32 leader, $1, 0;
+@leader cp.async.bulk.prefetch.L2.global [$2], """ + str(BLOCK_WORDS.value * 4) + """;
+@leader cp.async.bulk.prefetch.L2.global [$3], """ + str(BLOCK_WORDS.value * 4) + """;
+mov.u32 $0, 0;
+}""")
+
+
+@gluon.jit
+def _prefetch_to_l2(j, end, page, keep, order, words_ptr, kv_head, HKV: gl.constexpr):
+    """Has the ``j``-th kept page's K and V^T blocks of ``kv_head`` brought into L2 if ``j`` is below ``end``: their
+    loads, a few pages later, then wait on L2 instead of HBM. Issued by one thread, asynchronously
+    (:data:`_L2_PREFETCH_PTX`)."""
+    chosen = keep & (order == j)
+    k_block, v_block = _block_words(words_ptr, gl.sum(gl.where(chosen, page, 0), axis=0), kv_head, HKV)
+    thread: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    leader = gl.where(j < end, gl.arange(0, 32 * NUM_WARPS, layout=thread), 1)
+    gl.inline_asm_elementwise(_L2_PREFETCH_PTX, "=r,r,l,l", [leader, k_block, v_block], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
 @gluon.jit
 def _kept_page_bytes(j, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV: gl.constexpr):
     """The ``j``-th kept block and its page's bytes (:func:`_kept_page`, :func:`_load_k`, :func:`_load_v`):
     ``(block, k_words, k_scales, v_words, v_lo, v_hi)``. Past the last kept block, block 0 and page 0's bytes
     (unused)."""
     block_j, page_j = _kept_page(block, page, keep, order, j)
-    k_block, v_block = _page_blocks(page_j, kv_head, HKV)
-    k_words, k_scales = _load_k(words_ptr, k_block, k_at)
-    v_words, v_lo, v_hi = _load_v(words_ptr, v_block, v_at)
+    k_block, v_block = _block_words(words_ptr, page_j, kv_head, HKV)
+    k_words, k_scales = _load_k(k_block, k_at)
+    v_words, v_lo, v_hi = _load_v(v_block, v_at)
     return block_j, k_words, k_scales, v_words, v_lo, v_hi
 
 
@@ -274,7 +320,7 @@ def _sparse_decode_kernel(
     K, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_ih, stride_it, stride_ik, stride_br, stride_bs,
     HKV: gl.constexpr, GROUP: gl.constexpr, ROWS: gl.constexpr, K_POW2: gl.constexpr, SPLITS: gl.constexpr,
-    CHUNKS_PER_SPLIT: gl.constexpr, STACK_LEVELS: gl.constexpr, PREFETCH: gl.constexpr,
+    CHUNKS_PER_SPLIT: gl.constexpr, STACK_LEVELS: gl.constexpr, PREFETCH: gl.constexpr, L2_PAGES: gl.constexpr,
     K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
 ):
     token = gl.program_id(0)
@@ -316,7 +362,6 @@ def _sparse_decode_kernel(
     v_at = (vt_row_dim(row_2d) * ROW_WORDS + word_2d,
             gl.max(gl.max((vt_row_dim(row) // 16) * V_SCALE_ROWS_PER_GROUP + word, axis=2), axis=0) * ROW_WORDS
             + SCALE_WORD)
-    v_octet = gl.max(gl.max(word, axis=2), axis=0)
     s_key = cache_index(gl.arange(0, PAGE, layout=gl.SliceLayout(1, mma)))  # S^T row m is key cache_index(m)
     logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
     words_ptr = cache_ptr.to(gl.pointer_type(gl.uint32))
@@ -330,6 +375,10 @@ def _sparse_decode_kernel(
              gl.allocate_shared_memory(gl.float32, [STACK_LEVELS, HEAD_DIM, ROWS], STACK_ACC_LAYOUT))  # m, l, acc
     first_chunk = split * CHUNKS_PER_SPLIT
     end_chunk = gl.minimum(first_chunk + CHUNKS_PER_SPLIT, (num_kept + CHUNK_PAGES - 1) // CHUNK_PAGES)
+    end_page = gl.minimum(end_chunk * CHUNK_PAGES, num_kept)  # past the split's last page
+    # Pages 1 .. L2_PAGES - 1 of the split into L2 now; page j + L2_PAGES when page j starts.
+    for ahead in gl.static_range(1, L2_PAGES):
+        _prefetch_to_l2(first_chunk * CHUNK_PAGES + ahead, end_page, page, keep, order, words_ptr, kv_head, HKV)
     if PREFETCH:  # the first page's bytes; past the last kept page this reads page 0, unused
         next_block, next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _kept_page_bytes(
             first_chunk * CHUNK_PAGES, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV)
@@ -337,6 +386,8 @@ def _sparse_decode_kernel(
         # The chunk's pages, folded in order from the empty partial.
         m_i, l_i, acc_t = _empty_partial(ROWS, mma)
         for j in range(chunk * CHUNK_PAGES, gl.minimum(chunk * CHUNK_PAGES + CHUNK_PAGES, num_kept)):
+            if L2_PAGES > 0:
+                _prefetch_to_l2(j + L2_PAGES, end_page, page, keep, order, words_ptr, kv_head, HKV)
             if PREFETCH:  # this page's bytes arrived during the previous page; the next page's load now
                 block_j, k_words, k_scales, v_words, v_lo, v_hi = (next_block, next_k_words, next_k_scales,
                                                                    next_v_words, next_v_lo, next_v_hi)
@@ -348,7 +399,7 @@ def _sparse_decode_kernel(
             k_words = gl.reshape(k_words, TILE_6D)
             v_words = gl.reshape(v_words, TILE_6D)
             k_operand = k_scale_operand(gl.expand_dims(k_scales.to(gl.uint32), 5) >> k_byte_shift)
-            k_tile = _as_operand(decode_words(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
+            k_tile = _as_operand(decode_word_planes(k_words, (k_operand, k_operand, k_operand, k_operand)), operand)
             s_t = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_init, use_acc=False)  # [128 keys, ROWS]
             # Key 128 * block_j <= pos is visible to every head: no max stays -inf.
             visible = (block_j * PAGE + s_key) <= pos
@@ -356,12 +407,11 @@ def _sparse_decode_kernel(
                                                        KEY_AXIS=0, ROWS_MAY_SEE_NOTHING=False)
             p_smem.store(gl.permute(p_t.to(gl.float16), (1, 0)))
             fence_async_shared()
-            lo_mask, hi_mask = live_token_masks(v_octet, pos - block_j * PAGE + 1)
-            # Converted once per octet, then shared by the thread's rows of it.
-            s0, s1, s2, s3 = vt_scale_operands(v_lo & lo_mask, v_hi & hi_mask)
+            # Converted once per octet, then shared by the thread's rows of it; NaN codes (keys past pos) made finite.
+            s0, s1, s2, s3 = vt_plane_scale_operands_finite(v_lo, v_hi)
             v_scales = (gl.expand_dims(gl.expand_dims(s0, 0), 2), gl.expand_dims(gl.expand_dims(s1, 0), 2),
                         gl.expand_dims(gl.expand_dims(s2, 0), 2), gl.expand_dims(gl.expand_dims(s3, 0), 2))
-            vt_tile = _as_operand(decode_words(v_words, v_scales), operand)
+            vt_tile = _as_operand(decode_word_planes(v_words, v_scales), operand)
             acc_t = warpgroup_mma(vt_tile, p_smem.permute((1, 0)), acc_t * alpha[None, :])  # [128 dims, ROWS]
         # Carry the chunk up the stack: while its position (counted in this split) has a 1 at a level, the level
         # holds its left sibling; merge and go up. Then it waits at the first 0.
@@ -401,12 +451,14 @@ def _sparse_decode_kernel(
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out, splits: int | None = None,
-           prefetch: bool | None = None):
+           prefetch: bool | None = None, l2_pages: int | None = None):
     """Sparse decode on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_decode`); arguments as validated by the
     dispatcher and as in :func:`.triton_decode.launch`, the layer within :func:`supports`; ``splits``: programs per
     (token, KV head), a power of two within :func:`split_range` (default: :func:`decode_splits`; every count gives
     the same output); ``prefetch``: whether the programs load a page's bytes while the page before it computes
-    (default: :func:`prefetches`; either gives the same output). Returns ``out``."""
+    (default: :func:`prefetches`; either gives the same output); ``l2_pages``: how many pages ahead each program has
+    its pages brought into L2, 0 for none (default: :func:`l2_prefetch_pages`; every count gives the same output).
+    Returns ``out``."""
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
@@ -428,13 +480,17 @@ def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scal
                          f"{width} ids")
     # A prefetch past the last kept page reads page 0's bytes (unused): an empty cache has none.
     prefetch = bool(prefetch) and cache.shape[0] > 0
+    if l2_pages is None:
+        l2_pages = l2_prefetch_pages(prefetch, chunks_per_split * CHUNK_PAGES.value)
+    elif not 0 <= l2_pages <= MAX_L2_PAGES:
+        raise ValueError(f"l2_pages: 0 to {MAX_L2_PAGES}, got {l2_pages}")
     _sparse_decode_kernel[(t, hkv, splits)](
         q, out, part_acc, part_stats, cache, block_ids, block_table, req.contiguous(), pos.contiguous(),
         k_scale, v_scale, float(sm_scale),
         width, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *block_ids.stride(), *block_table.stride(),
         HKV=hkv, GROUP=group, ROWS=rows, K_POW2=selection_slots(width), SPLITS=splits,
         CHUNKS_PER_SPLIT=chunks_per_split, STACK_LEVELS=chunks_per_split.bit_length(), PREFETCH=prefetch,
-        K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer,
+        L2_PAGES=l2_pages, K_SCALE_BY_POINTER=k_by_pointer, V_SCALE_BY_POINTER=v_by_pointer,
         num_warps=NUM_WARPS.value, maxnreg=max_registers(rows, width, prefetch),
     )
     if splits > 1:

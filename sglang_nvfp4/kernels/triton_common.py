@@ -60,13 +60,14 @@ LOG2E = tl.constexpr(reference.LOG2E)
 INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
 # The 8 codes of one word ($8) -> f16x2 registers p0..p3 (codes 0-1, 2-3, 4-5, 6-7), each value e2m1 * 2**-6:
-# planes of E4M3 bytes for the even codes (e) and the odd codes (o), byte-interleaved back into code order,
-# converted two at a time. Scratch registers e, o, t, a, b (b32) and h0, h1 (b16), declared by the caller.
-# Shared with the Gluon kernels' decoders (gluon_common.py).
-E2M1_WORD_TO_F16X2_PTX = """
+# planes of E4M3 bytes for the even codes (e: codes 0, 2, 4, 6) and the odd codes (o: 1, 3, 5, 7), byte-interleaved
+# back into code order, converted two at a time. Scratch registers e, o, t, a, b (b32) and h0, h1 (b16), declared by
+# the caller. Shared with the Gluon kernels' decoders (gluon_common.py), whose decode converts the planes as they are.
+E2M1_WORD_TO_E4M3_PLANES_PTX = """
 shl.b32 t, $8, 2; and.b32 e, t, 0x1C1C1C1C; shl.b32 t, $8, 4; lop3.b32 e, e, t, 0x80808080, 0xF8;
 shr.b32 t, $8, 2; and.b32 o, t, 0x1C1C1C1C; lop3.b32 o, o, $8, 0x80808080, 0xF8;
-prmt.b32 a, e, o, 0x5140; prmt.b32 b, e, o, 0x7362;
+"""
+E2M1_WORD_TO_F16X2_PTX = E2M1_WORD_TO_E4M3_PLANES_PTX + """prmt.b32 a, e, o, 0x5140; prmt.b32 b, e, o, 0x7362;
 mov.b32 {h0, h1}, a; cvt.rn.f16x2.e4m3x2 p0, h0; cvt.rn.f16x2.e4m3x2 p1, h1;
 mov.b32 {h0, h1}, b; cvt.rn.f16x2.e4m3x2 p2, h0; cvt.rn.f16x2.e4m3x2 p3, h1;
 """
