@@ -19,13 +19,10 @@ trees mean the same bits.
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import inspect
-import json
 
 import torch
-from timing import graph_ms
+from timing import graph_ms, output_hash, write_tree_record
 
 PREFETCH = {"auto": None, "on": True, "off": False}
 
@@ -74,22 +71,13 @@ def main(argv=None):
                                     prefetch=PREFETCH[prefetch], **extra)
 
             us = 1000 * graph_ms(run)
-            digest = hashlib.sha256(out.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+            digest = output_hash(out)
             label = "auto" if pages is None else pages
             rows.append({"case": case, "batch": batch, "prefetch": prefetch, "l2_pages": label, "us": us,
                          "hash": digest})
             print(f"  {case} prefetch={prefetch} l2_pages={label}: {us:.1f} us  {digest}", flush=True)
         del out, cache
-    record = {
-        "command": "PYTHONPATH=TREE python bench/bench_decode_variants.py " + " ".join(argv or []),
-        "tree": package_file,
-        "gpu": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "rows": rows,
-    }
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+    write_tree_record(args.out, "bench_decode_variants.py", argv, package_file, rows)
 
 
 if __name__ == "__main__":

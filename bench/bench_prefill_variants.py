@@ -17,14 +17,11 @@ is hashed, so equal hashes across variants and trees mean the same bits.
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import inspect
-import json
 
 import torch
 from bench_regression import HEAD_DIM, prefill_problem, random_ids, shared_ids, token_slots
-from timing import graph_ms
+from timing import graph_ms, output_hash, write_tree_record
 
 
 def parse_args(argv=None):
@@ -84,20 +81,11 @@ def main(argv=None):
                                      producer_warps=warps, **extra)
 
             ms = graph_ms(run)
-            digest = hashlib.sha256(out.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+            digest = output_hash(out)
             rows.append({"case": name, "cluster": cluster, "producer_warps": warps, "ms": ms, "hash": digest})
             print(f"  {name} cluster={cluster} warps={warps}: {ms:.3f} ms  {digest}", flush=True)
         del out
-    record = {
-        "command": "PYTHONPATH=TREE python bench/bench_prefill_variants.py " + " ".join(argv or []),
-        "tree": package_file,
-        "gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "rows": rows,
-    }
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+    write_tree_record(args.out, "bench_prefill_variants.py", argv, package_file, rows, dev)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import statistics
@@ -123,7 +122,7 @@ def shared_ids(gen, pos, hkv, run: int):
 def measure(args) -> dict:
     """Time every case with the ``sglang_nvfp4`` on ``sys.path``; returns ``{case: {ms, hash}}``."""
     import torch
-    from timing import graph_ms
+    from timing import graph_ms, output_hash
 
     from sglang_nvfp4 import format as fmt
     from sglang_nvfp4 import kernels
@@ -141,7 +140,7 @@ def measure(args) -> dict:
             ms = (time.perf_counter() - start) * 1e3
         else:
             ms = graph_ms(fn)  # an untimed compile-and-warm run first
-        digest = hashlib.sha256(output().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+        digest = output_hash(output())
         results[name] = {"ms": ms, "hash": digest}
         print(f"  {name}: {ms:.4f} ms  {digest}", flush=True)
 
