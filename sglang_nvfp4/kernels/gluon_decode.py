@@ -270,12 +270,12 @@ mov.u32 $0, 0;
 
 
 @gluon.jit
-def _prefetch_to_l2(j, end, page, keep, order, words_ptr, kv_head, HKV: gl.constexpr):
+def _prefetch_to_l2(j, end, block, page, keep, order, words_ptr, kv_head, HKV: gl.constexpr):
     """Has the ``j``-th kept page's K and V^T blocks of ``kv_head`` brought into L2 if ``j`` is below ``end``: their
     loads, a few pages later, then wait on L2 instead of HBM. Issued by one thread, asynchronously
     (:data:`_L2_PREFETCH_PTX`)."""
-    chosen = keep & (order == j)
-    k_block, v_block = _block_words(words_ptr, gl.sum(gl.where(chosen, page, 0), axis=0), kv_head, HKV)
+    _, page_j = _kept_page(block, page, keep, order, j)  # the block's own reduction is dead code, dropped
+    k_block, v_block = _block_words(words_ptr, page_j, kv_head, HKV)
     thread: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
     leader = gl.where(j < end, gl.arange(0, 32 * NUM_WARPS, layout=thread), 1)
     gl.inline_asm_elementwise(_L2_PREFETCH_PTX, "=r,r,l,l", [leader, k_block, v_block], dtype=gl.int32,
@@ -378,7 +378,8 @@ def _sparse_decode_kernel(
     end_page = gl.minimum(end_chunk * CHUNK_PAGES, num_kept)  # past the split's last page
     # Pages 1 .. L2_PAGES - 1 of the split into L2 now; page j + L2_PAGES when page j starts.
     for ahead in gl.static_range(1, L2_PAGES):
-        _prefetch_to_l2(first_chunk * CHUNK_PAGES + ahead, end_page, page, keep, order, words_ptr, kv_head, HKV)
+        _prefetch_to_l2(first_chunk * CHUNK_PAGES + ahead, end_page, block, page, keep, order, words_ptr, kv_head,
+                        HKV)
     if PREFETCH:  # the first page's bytes; past the last kept page this reads page 0, unused
         next_block, next_k_words, next_k_scales, next_v_words, next_v_lo, next_v_hi = _kept_page_bytes(
             first_chunk * CHUNK_PAGES, block, page, keep, order, words_ptr, kv_head, k_at, v_at, HKV)
@@ -387,7 +388,7 @@ def _sparse_decode_kernel(
         m_i, l_i, acc_t = _empty_partial(ROWS, mma)
         for j in range(chunk * CHUNK_PAGES, gl.minimum(chunk * CHUNK_PAGES + CHUNK_PAGES, num_kept)):
             if L2_PAGES > 0:
-                _prefetch_to_l2(j + L2_PAGES, end_page, page, keep, order, words_ptr, kv_head, HKV)
+                _prefetch_to_l2(j + L2_PAGES, end_page, block, page, keep, order, words_ptr, kv_head, HKV)
             if PREFETCH:  # this page's bytes arrived during the previous page; the next page's load now
                 block_j, k_words, k_scales, v_words, v_lo, v_hi = (next_block, next_k_words, next_k_scales,
                                                                    next_v_words, next_v_lo, next_v_hi)
