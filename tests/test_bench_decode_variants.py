@@ -14,13 +14,15 @@ import bench_decode_variants  # noqa: E402
 import timing  # noqa: E402
 
 
-def test_variants_parse_to_prefetch_and_l2_pages():
-    args = bench_decode_variants.parse_args(["--out", "x.json", "--variants", "auto:auto", "on:0", "off:3"])
-    assert args.variants == [("auto", None), ("on", 0), ("off", 3)]
+def test_variants_parse_to_prefetch_l2_pages_and_splits():
+    args = bench_decode_variants.parse_args(["--out", "x.json", "--variants", "auto:auto", "on:0", "off:3", "auto:1:4",
+                                             "on:auto:auto"])
+    assert args.variants == [("auto", None, None), ("on", 0, None), ("off", 3, None), ("auto", 1, 4),
+                             ("on", None, None)]
     assert args.batch == [1, 32, 256] and args.ctx == 32768 and args.topk == 16
 
 
-@pytest.mark.parametrize("bad", ["maybe:1", "on", "on:-1", "auto:two"])
+@pytest.mark.parametrize("bad", ["maybe:1", "on", "on:-1", "auto:two", "auto:1:3", "auto:1:0", "auto:1:2:2", "auto:1:"])
 def test_a_malformed_variant_is_refused_with_its_value(bad, capsys):
     with pytest.raises(SystemExit):
         bench_decode_variants.parse_args(["--out", "x.json", "--variants", bad])
