@@ -16,7 +16,7 @@ import pytest
 import torch
 import triton
 
-from gluon_compile import compile_for_hopper
+from gluon_compile import compile_for_hopper, cuobjdump
 from sglang_nvfp4 import format as fmt
 
 from sglang_nvfp4.kernels import gluon_prefill
@@ -77,6 +77,37 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
     # producer's live-key maximum.
     assert ptx.count("shfl.sync") < 40
+
+
+def _producer_loop(sass: str) -> list[str]:
+    """The instructions of the producer's page loop in ``sass`` (``cuobjdump -sass``): the shortest loop (a backward
+    branch's range) that converts E4M3 scales (``F2FP.F16.E4M3``, the decoders)."""
+    instructions = [(int(address, 16), text) for address, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for address, text in instructions:
+        target = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            body = [t for a, t in instructions if int(target.group(1), 16) <= a <= address]
+            if any("F2FP.F16.E4M3" in t for t in body):
+                loops.append(body)
+    return min(loops, key=len)
+
+
+@pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
+def test_next_pages_k_loads_are_issued_before_the_vt_tile_decodes(producer_warps):
+    """Each page's loads must be in flight while the other half of the page decodes: the fence before each hand-off
+    waits for them. ptxas may sink the next page's K loads below the V^T tile's decoding, and did in two producers
+    that were 4-7% slower with fewer instructions (``bench/results/kernels_v2_h200.md``, 2026-12-06, stop 53): the
+    K loads then waited, exposed, at the top of the next page. Between the loop's two fences (K hand-off, then V^T
+    hand-off) the K loads come first, then the V^T tile's 16-byte stores."""
+    loop = _producer_loop(cuobjdump(compile_sm90(16, 32, False, producer_warps), "-sass"))
+    fences = [i for i, text in enumerate(loop) if text.startswith("MEMBAR")]
+    assert len(fences) == 2, fences  # the K hand-off, then the V^T hand-off
+    between = loop[fences[0]:fences[1]]
+    loads = [i for i, text in enumerate(between) if text.startswith("LDG")]
+    stores = [i for i, text in enumerate(between) if text.startswith("STS.128")]
+    assert len(stores) == 64 // producer_warps  # the V^T tile: 32 KB in 16-byte stores over 32 threads a warp
+    assert loads and max(loads) < min(stores), (loads, stores)
 
 
 @pytest.mark.parametrize("heads, kv_heads, width, want", [
