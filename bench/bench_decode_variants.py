@@ -3,12 +3,12 @@ prefetch (on, off, or the launch's own choice), in a tree that has it, how many 
 pages brought into L2 (``gluon_decode.launch(l2_pages=)``), and its split count (``gluon_decode.launch(splits=)``).
 
     PYTHONPATH=TREE python bench/bench_decode_variants.py --out DIR/NAME.json [--batch 1 32 256] [--ctx 32768]
-        [--topk 16] [--variants auto:0 auto:2]
+        [--topk 16] [--variants auto:0 auto:2 auto:auto:4]
 
 A variant is ``PREFETCH:L2_PAGES[:SPLITS]`` with ``PREFETCH`` one of ``auto`` (the launch's choice), ``on``, ``off``,
 ``L2_PAGES`` a count or ``auto`` (the launch's choice) and ``SPLITS`` a power of two or ``auto`` (the default: the
-launch's choice); a split count outside the launch's range for a batch is skipped with a line saying so. A tree whose ``gluon_decode.launch`` takes no ``l2_pages``
-runs the variants with ``L2_PAGES`` 0 only (its launch as is).
+launch's choice); a split count outside the launch's range for a batch is skipped with a line saying so. A tree
+whose ``gluon_decode.launch`` takes no ``l2_pages`` runs the variants with ``L2_PAGES`` 0 only (its launch as is).
 ``TREE`` is the source tree whose ``sglang_nvfp4`` is measured, so two trees compare by running this script once per
 tree on the same machine. Problems as in ``bench_kernels.py``'s decode rows (``decode_problem``, same seeds): 64
 query / 4 KV heads, ``--ctx`` tokens per request, one query token each at the last position, random top-``--topk``
@@ -41,7 +41,8 @@ def parse_args(argv=None):
         fields = v.split(":") + (["auto"] if v.count(":") == 1 else [])
         prefetch, pages, splits = fields if len(fields) == 3 else ("", "", "")
         power_of_two = splits.isdigit() and int(splits) > 0 and not int(splits) & (int(splits) - 1)
-        if prefetch not in PREFETCH or not (pages.isdigit() or pages == "auto") or not (power_of_two or splits == "auto"):
+        if (prefetch not in PREFETCH or not (pages.isdigit() or pages == "auto")
+                or not (power_of_two or splits == "auto")):
             parser.error(f"--variants: PREFETCH:L2_PAGES[:SPLITS] with PREFETCH in {sorted(PREFETCH)}, L2_PAGES a "
                          f"count or auto and SPLITS a power of two or auto, got {v!r}")
         variants.append((prefetch, None if pages == "auto" else int(pages), None if splits == "auto" else int(splits)))

@@ -84,7 +84,8 @@ def main(argv=None):
     for r in rows:
         print(f"{r['case']}: |{a}-ref| max {r[f'{a}_max']:.3e} mean {r[f'{a}_mean']:.3e}; |{b}-ref| max "
               f"{r[f'{b}_max']:.3e} mean {r[f'{b}_mean']:.3e}; |{b}-{a}| max {r['difference_max']:.3e} mean "
-              f"{r['difference_mean']:.3e}; reference mean |x| {r['reference_mean_abs']:.3e}; identical {r['identical']}")
+              f"{r['difference_mean']:.3e}; reference mean |x| {r['reference_mean_abs']:.3e}; "
+              f"identical {r['identical']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": "python bench/prefill_error.py --compare " + " ".join(args.compare), "rows": rows},

@@ -97,8 +97,8 @@ def _producer_loop(sass: str) -> list[str]:
 def test_next_pages_k_loads_are_issued_before_the_vt_tile_decodes(producer_warps):
     """Each page's loads must be in flight while the other half of the page decodes: the fence before each hand-off
     waits for them. ptxas may sink the next page's K loads below the V^T tile's decoding, and did in two producers
-    that were 4-7% slower with fewer instructions (``bench/results/kernels_v2_h200.md``, 2026-12-06, stop 53): the
-    K loads then waited, exposed, at the top of the next page. Between the loop's two fences (K hand-off, then V^T
+    that were 3.5-6.7% slower with fewer instructions (``bench/results/kernels_v2_h200.md``, 2026-12-06): the K
+    loads then waited, exposed, at the top of the next page. Between the loop's two fences (K hand-off, then V^T
     hand-off) the K loads come first, then the V^T tile's 16-byte stores."""
     loop = _producer_loop(cuobjdump(compile_sm90(16, 32, False, producer_warps), "-sass"))
     fences = [i for i, text in enumerate(loop) if text.startswith("MEMBAR")]
