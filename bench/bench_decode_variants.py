@@ -69,6 +69,7 @@ def main(argv=None):
         case = f"decode_b{batch}_ctx{args.ctx}_top{args.topk}"
         width = ids.shape[2]
         fewest, most = gluon_decode.split_range(width)
+        auto_splits = gluon_decode.decode_splits(batch, ids.shape[0], width, q.device)
         for prefetch, pages, splits in variants:
             if splits is not None and not fewest <= splits <= most:
                 print(f"  {case}: splits={splits} outside [{fewest}, {most}], not run", flush=True)
@@ -82,7 +83,7 @@ def main(argv=None):
             us = 1000 * graph_ms(run)
             digest = output_hash(out)
             label = "auto" if pages is None else pages
-            ran = splits if splits is not None else gluon_decode.decode_splits(batch, ids.shape[0], width, q.device)
+            ran = auto_splits if splits is None else splits
             rows.append({"case": case, "batch": batch, "prefetch": prefetch, "l2_pages": label, "splits": ran,
                          "us": us, "hash": digest})
             print(f"  {case} prefetch={prefetch} l2_pages={label} splits={ran}: {us:.1f} us  {digest}", flush=True)
