@@ -1,4 +1,4 @@
-"""Issue rates of the single instructions the page decoders are made of, on one GPU.
+"""Issue rates of the single instructions the page decoders and the softmax are made of, alone and in pairs, on one GPU.
 
     python bench/bench_pipes.py --out DIR        # DIR/pipes.json
 
@@ -6,8 +6,13 @@ Each case is a Triton kernel whose threads run 256 x 16 dependent copies of one 
 32-bit value (8 independent chains per thread, 64 programs of 1024 threads per SM): enough independent warps that
 the instruction's pipe, not its latency, sets the time. Reported per case: the median time
 (``triton.testing.do_bench``) and the instructions per nanosecond per SM (thread instructions, i.e. lanes).
-Cases: ``cvt.rn.f16x2.e4m3x2`` (the decoders' conversion), ``lop3.b32``, ``prmt.b32`` (their integer work),
-``mul.rn.f16x2`` (their scale products) and ``fma.rn.f32`` (a full-rate reference).
+Cases: ``cvt.rn.f16x2.e4m3x2`` (the decoders' conversion), ``lop3.b32``, ``prmt.b32``, ``shf.l.wrap.b32`` (their
+integer work), ``mul.rn.f16x2`` (their scale products), ``ex2.approx.ftz.f32`` and ``cvt.rn.f16x2.f32`` (the prefill
+consumers' softmax and rounding of ``P``) and ``fma.rn.f32`` (a full-rate reference).
+
+Pairs (``PAIRS``, 8 warps): the same threads run two chains, one of each instruction. A pair that takes the sum of
+its parts' times shares one unit; one that takes the longer part's time runs on two. That tells which work of the
+Gluon prefill's producer (decoding) and consumers (softmax) competes for the same unit of a multiprocessor.
 """
 
 from __future__ import annotations
@@ -30,7 +35,15 @@ CHAINS = {
     "mul.rn.f16x2": "{.reg .b32 r, c; mov.b32 c, 0x3C013C01; mov.b32 r, $1;" + "mul.rn.f16x2 r, r, c;" * 16
                     + "mov.b32 $0, r;}",
     "fma.rn.f32": "{.reg .f32 r; mov.b32 r, $1;" + "fma.rn.f32 r, r, 0f3F800001, 0f3F800000;" * 16 + "mov.b32 $0, r;}",
+    "shf.l.wrap.b32": "{.reg .b32 r; mov.b32 r, $1;" + "shf.l.wrap.b32 r, r, r, 3;" * 16 + "mov.b32 $0, r;}",
+    "ex2.approx.ftz.f32": "{.reg .f32 r; mov.b32 r, $1;" + "ex2.approx.ftz.f32 r, r;" * 16 + "mov.b32 $0, r;}",
+    "cvt.rn.f16x2.f32": "{.reg .f32 f; .reg .b32 r; mov.b32 r, $1;"
+                        + "mov.b32 f, r; cvt.rn.f16x2.f32 r, f, f;" * 16 + "mov.b32 $0, r;}",
 }
+PAIRS = [("cvt.rn.f16x2.e4m3x2", "ex2.approx.ftz.f32"), ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.f32"),
+         ("ex2.approx.ftz.f32", "cvt.rn.f16x2.f32"), ("cvt.rn.f16x2.e4m3x2", "lop3.b32"),
+         ("cvt.rn.f16x2.e4m3x2", "prmt.b32"), ("lop3.b32", "prmt.b32"), ("lop3.b32", "shf.l.wrap.b32"),
+         ("ex2.approx.ftz.f32", "fma.rn.f32"), ("mul.rn.f16x2", "fma.rn.f32"), ("cvt.rn.f16x2.e4m3x2", "mul.rn.f16x2")]
 PER_ASM = 16  # instructions per inline-asm block
 ITERS = 256
 BLOCK = 1024
@@ -43,6 +56,18 @@ def _chain_kernel(x_ptr, y_ptr, ITERS: tl.constexpr, ASM: tl.constexpr, BLOCK: t
     for _ in range(ITERS):
         x = tl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=tl.uint32, is_pure=True, pack=1)
     tl.store(y_ptr + offs, x)
+
+
+@triton.jit
+def _pair_kernel(x_ptr, y_ptr, ITERS: tl.constexpr, ASM_A: tl.constexpr, ASM_B: tl.constexpr, BLOCK: tl.constexpr):
+    """Two chains per thread, one through each block: the instructions of both are in flight together."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    z = x ^ 0x11
+    for _ in range(ITERS):
+        x = tl.inline_asm_elementwise(ASM_A, "=r,r", [x], dtype=tl.uint32, is_pure=True, pack=1)
+        z = tl.inline_asm_elementwise(ASM_B, "=r,r", [z], dtype=tl.uint32, is_pure=True, pack=1)
+    tl.store(y_ptr + offs, x ^ z)
 
 
 def main():
@@ -65,12 +90,24 @@ def main():
             per_ns_per_sm = n * ITERS * PER_ASM / (ms * 1e6) / sms
             rows[f"{name}/warps{warps}"] = {"ms": ms, "thread_instructions_per_ns_per_sm": per_ns_per_sm}
             print(f"{name:22s} {warps} warps: {ms:.3f} ms, {per_ns_per_sm:.1f} per ns per SM", flush=True)
+    pairs = {}
+    for a, b in PAIRS:
+        def run():
+            _pair_kernel[(n // BLOCK,)](x, y, ITERS=ITERS, ASM_A=CHAINS[a], ASM_B=CHAINS[b], BLOCK=BLOCK, num_warps=8)
+        run()  # compile, untimed
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(run, warmup=50, rep=300)
+        parts = rows[f"{a}/warps8"]["ms"], rows[f"{b}/warps8"]["ms"]
+        one_unit = abs(ms - sum(parts)) < abs(ms - max(parts))
+        pairs[f"{a} + {b}"] = {"ms": ms, "parts_ms": parts, "verdict": "one unit" if one_unit else "two units"}
+        print(f"{a} + {b}: {ms:.3f} ms, parts {parts[0]:.3f} + {parts[1]:.3f}: "
+              f"{'one unit (the sum)' if one_unit else 'two units (the longer part)'}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "pipes.json"), "w") as f:
         json.dump({"gpu": props.name, "sms": sms, "date": datetime.date.today().isoformat(),
                    "torch": torch.__version__, "triton": triton.__version__,
                    "command": f"python bench/bench_pipes.py --out {args.out}",
-                   "threads": n, "instructions_per_thread": ITERS * PER_ASM, "rows": rows}, f, indent=1)
+                   "threads": n, "instructions_per_thread": ITERS * PER_ASM, "rows": rows, "pairs": pairs}, f, indent=1)
 
 
 if __name__ == "__main__":

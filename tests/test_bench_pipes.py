@@ -1,0 +1,42 @@
+"""``bench/bench_pipes.py`` on the CPU: each case's chain, and each pair's two chains, compiled for sm_90 run the
+instruction they are named after (and the pairs both of theirs), so that a GPU run times what its table says."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+import bench_pipes  # noqa: E402
+from gluon_compile import cuobjdump  # noqa: E402
+
+# PTX instruction -> its SASS opcode on sm_90 (``mul.rn.f16x2`` may also be issued as ``HFMA2.MMA``, on the same unit)
+SASS = {"cvt.rn.f16x2.e4m3x2": "F2FP.F16.E4M3.UNPACK_B", "lop3.b32": "LOP3.LUT", "prmt.b32": "PRMT",
+        "mul.rn.f16x2": "HMUL2", "fma.rn.f32": "FFMA", "shf.l.wrap.b32": "SHF.L.W", "ex2.approx.ftz.f32": "MUFU.EX2",
+        "cvt.rn.f16x2.f32": "F2FP.F16.F32.PACK_AB"}
+
+
+def _compile(kernel, asm: dict):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {"x_ptr": "*u32", "y_ptr": "*u32", "ITERS": "constexpr", "BLOCK": "constexpr",
+                 **{name: "constexpr" for name in asm}}
+    source = ASTSource(kernel, signature, {"ITERS": 4, "BLOCK": 1024, **asm})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+
+
+def test_every_case_has_its_opcode():
+    assert set(bench_pipes.CHAINS) == set(SASS)
+    for name, asm in bench_pipes.CHAINS.items():
+        sass = cuobjdump(_compile(bench_pipes._chain_kernel, {"ASM": asm}), "-sass")
+        assert sass.count(SASS[name]) >= 16, name  # one asm block: 16 dependent instructions
+
+
+@pytest.mark.parametrize("a, b", bench_pipes.PAIRS)
+def test_every_pair_runs_both_instructions(a, b):
+    sass = cuobjdump(_compile(bench_pipes._pair_kernel, {"ASM_A": bench_pipes.CHAINS[a],
+                                                          "ASM_B": bench_pipes.CHAINS[b]}), "-sass")
+    assert sass.count(SASS[a]) >= 16 and sass.count(SASS[b]) >= 16
