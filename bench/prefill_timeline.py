@@ -1,6 +1,6 @@
 """Where one CTA of the Gluon prefill spends its cycles, per union entry and partition, on one Hopper GPU.
 
-    PYTHONPATH=TREE python bench/prefill_timeline.py --out FILE.json [--t 32768] [--ctas 2000:1 3000:2]
+    PYTHONPATH=TREE python bench/prefill_timeline.py --out FILE.json [--t 32768] [--ctas 1000:0 2000:0 3000:0]
 
 ``TREE`` is a source tree built with ``bench/experiments/consumer_timeline_probe.patch``: its kernel stores
 ``%clock64`` (SM cycles) at fixed points of each union entry of one CTA (``gluon_prefill.TRACE_AT``: program id 0
@@ -9,12 +9,13 @@ and KV head) into ``gluon_prefill.TRACE`` (int64 ``[3, 256, 8]``: consumer 0, co
 * consumer: 0 before the ``k_ready`` wait, 1 after it, 2 after ``S = Q.K^T`` (its entries only), 3 after the
   softmax, 4 after the ``v_ready`` wait, 5 after ``O += P.V`` (then the ``empty`` arrival and the next entry's plan
   loads, until the next entry's point 0);
-* producer: 0 before the ``empty`` wait, 1 after it, 2 after the K hand-off, 3 after the V^T hand-off.
+* producer: 0 before the ``empty`` wait, 1 after it, 2 after the K hand-off, 3 after the V^T hand-off (then the next
+  page's V^T loads are issued and the next entry's live keys reduced, until the next entry's point 0).
 
 For each problem of ``bench_prefill_variants.py`` (64/4 random, shared8, indexer; 16/1 random) and each traced CTA
-(``--ctas PID:KV_HEAD``, default three CTAs away from the first and last waves), after an untimed launch of the same shape, it
-prints and writes the mean cycles of each step per entry (consumer steps over the entries that consumer runs
-products for), the CTA's cycles per union entry, and the raw stamps. All CTAs run as in a timed launch; the
+(``--ctas PID:KV_HEAD``, default three CTAs away from the first and last waves), after an untimed launch of the same
+shape, it prints and writes the mean cycles of each step per entry (consumer steps over the entries that consumer
+runs products for), the CTA's cycles per union entry, and the raw stamps. All CTAs run as in a timed launch; the
 stores of the traced CTA add a few instructions to every CTA.
 """
 
@@ -33,7 +34,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--t", type=int, default=32768, help="tokens per problem")
-    parser.add_argument("--ctas", nargs="+", default=["1000:0", "2000:0", "3000:0"], help="PID:KV_HEAD of each traced CTA")
+    parser.add_argument("--ctas", nargs="+", default=["1000:0", "2000:0", "3000:0"],
+                        help="PID:KV_HEAD of each traced CTA")
     args = parser.parse_args(argv)
     try:
         args.ctas = [tuple(int(x) for x in c.split(":")) for c in args.ctas]
@@ -61,9 +63,17 @@ def summarize(stamps: torch.Tensor, union_len: int) -> dict:
         summary[f"consumer{half}"] = rows
     p = s[2]
     summary["producer"] = {name: (p[:, i + 1] - p[:, i]).mean().item() for i, name in enumerate(STEPS["producer"])}
+    summary["producer"]["to the next entry"] = (p[1:, 0] - p[:-1, 3]).mean().item() if union_len > 1 else 0.0
     summary["producer"]["span"] = (p[:, 3].max() - p[:, 0].min()).item()
     summary["cycles per entry"] = summary["consumer0"]["span"] / max(union_len, 1)
     return summary
+
+
+def _steps_line(who: str, steps: dict) -> str:
+    """One partition's mean cycles per step, as printed."""
+    counted = f" ({steps['entries with products']} with products)" if "entries with products" in steps else ""
+    return who + counted + " " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()
+                                           if k not in ("entries with products", "span"))
 
 
 def main(argv=None):
@@ -95,16 +105,14 @@ def main(argv=None):
             summary = summarize(stamps, length)
             records.append({"case": name, "cta": [pid, kv], "summary": summary,
                             "stamps": stamps[:, :length, :6].tolist()})
-            c0, c1, pr = summary["consumer0"], summary["consumer1"], summary["producer"]
             print(f"{name} CTA {pid}:{kv}: {length} entries, {summary['cycles per entry']:.0f} cycles per entry; "
-                  + "; ".join(f"c{h} ({r['entries with products']} with products) "
-                              + ", ".join(f"{k} {r[k]:.0f}" for k in STEPS["consumer"])
-                              + f", wait K on other entries {r['wait K, other entries']:.0f}, to the next entry {r['to the next entry']:.0f}" for h, r in ((0, c0), (1, c1)))
-                  + "; producer " + ", ".join(f"{k} {pr[k]:.0f}" for k in STEPS["producer"]), flush=True)
+                  + "; ".join(_steps_line(f"c{h}", summary[f"consumer{h}"]) for h in (0, 1))
+                  + "; " + _steps_line("producer", summary["producer"]), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"command": "python bench/prefill_timeline.py " + " ".join(argv or []), "tree": gluon_prefill.__file__,
-                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "t": args.t,
-                   "gpu": torch.cuda.get_device_name(), "records": records}, f)
+        json.dump({"command": "python bench/prefill_timeline.py " + " ".join(argv or []),
+                   "tree": gluon_prefill.__file__,
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "t": args.t, "gpu": torch.cuda.get_device_name(), "records": records}, f)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def test_summary_means_each_step_over_the_entries_with_products():
     assert c0["wait K, other entries"] == 70 and c0["to the next entry"] == 5
     assert c1["wait K"] == 10 and c1["wait K, other entries"] == 70
     assert (producer["wait slot"], producer["K"], producer["V^T"]) == (5, 100, 200)
+    assert producer["to the next entry"] == 95  # V^T hand-off at 1305 + 400 u, next entry at 1400 + 400 u
     # consumer 0: entries of 155 + 80 + 155 cycles (with the gaps), its last stamp point 4 at 1000 + 155 + 80 + 100
     assert c0["span"] == 335 and summary["cycles per entry"] == pytest.approx(335 / 3)
 
