@@ -70,6 +70,13 @@ def _pair_kernel(x_ptr, y_ptr, ITERS: tl.constexpr, ASM_A: tl.constexpr, ASM_B: 
     tl.store(y_ptr + offs, x ^ z)
 
 
+def _timed_ms(launch) -> float:
+    """Median milliseconds of ``launch()`` (``triton.testing.do_bench``) after an untimed first launch (compile)."""
+    launch()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(launch, warmup=50, rep=300)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/results")
@@ -82,32 +89,27 @@ def main():
     rows = {}
     for name, asm in CHAINS.items():
         for warps in (4, 8):
-            def run():
-                _chain_kernel[(n // BLOCK,)](x, y, ITERS=ITERS, ASM=asm, BLOCK=BLOCK, num_warps=warps)
-            run()  # compile, untimed
-            torch.cuda.synchronize()
-            ms = triton.testing.do_bench(run, warmup=50, rep=300)
+            ms = _timed_ms(lambda: _chain_kernel[(n // BLOCK,)](x, y, ITERS=ITERS, ASM=asm, BLOCK=BLOCK,
+                                                                num_warps=warps))
             per_ns_per_sm = n * ITERS * PER_ASM / (ms * 1e6) / sms
             rows[f"{name}/warps{warps}"] = {"ms": ms, "thread_instructions_per_ns_per_sm": per_ns_per_sm}
             print(f"{name:22s} {warps} warps: {ms:.3f} ms, {per_ns_per_sm:.1f} per ns per SM", flush=True)
     pairs = {}
     for a, b in PAIRS:
-        def run():
-            _pair_kernel[(n // BLOCK,)](x, y, ITERS=ITERS, ASM_A=CHAINS[a], ASM_B=CHAINS[b], BLOCK=BLOCK, num_warps=8)
-        run()  # compile, untimed
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(run, warmup=50, rep=300)
+        ms = _timed_ms(lambda: _pair_kernel[(n // BLOCK,)](x, y, ITERS=ITERS, ASM_A=CHAINS[a], ASM_B=CHAINS[b],
+                                                            BLOCK=BLOCK, num_warps=8))
         parts = rows[f"{a}/warps8"]["ms"], rows[f"{b}/warps8"]["ms"]
-        one_unit = abs(ms - sum(parts)) < abs(ms - max(parts))
-        pairs[f"{a} + {b}"] = {"ms": ms, "parts_ms": parts, "verdict": "one unit" if one_unit else "two units"}
-        print(f"{a} + {b}: {ms:.3f} ms, parts {parts[0]:.3f} + {parts[1]:.3f}: "
-              f"{'one unit (the sum)' if one_unit else 'two units (the longer part)'}", flush=True)
+        # Sharing one unit, the pair takes the sum of its parts' times; on two units, the longer part's.
+        verdict = "one unit" if abs(ms - sum(parts)) < abs(ms - max(parts)) else "two units"
+        pairs[f"{a} + {b}"] = {"ms": ms, "parts_ms": parts, "verdict": verdict}
+        print(f"{a} + {b}: {ms:.3f} ms, parts {parts[0]:.3f} + {parts[1]:.3f}: {verdict}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "pipes.json"), "w") as f:
         json.dump({"gpu": props.name, "sms": sms, "date": datetime.date.today().isoformat(),
                    "torch": torch.__version__, "triton": triton.__version__,
                    "command": f"python bench/bench_pipes.py --out {args.out}",
-                   "threads": n, "instructions_per_thread": ITERS * PER_ASM, "rows": rows, "pairs": pairs}, f, indent=1)
+                   "threads": n, "instructions_per_thread": ITERS * PER_ASM, "rows": rows, "pairs": pairs}, f,
+                  indent=1)
 
 
 if __name__ == "__main__":
