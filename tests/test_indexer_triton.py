@@ -17,7 +17,7 @@ from test_indexer import exact_problem, request_slots
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=3, timeout=900)
+register_module(__file__, expected_passed=3, timeout=900, run_s=50)
 
 
 def check_summary_kernel(device):

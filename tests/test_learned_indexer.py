@@ -18,7 +18,7 @@ from sglang_nvfp4.indexer.fp8 import dequantize_rows, quantize_rows
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=18, timeout=900)  # the torch tests run there too
+register_module(__file__, expected_passed=18, timeout=900, run_s=40)  # the torch tests run there too
 D = 128
 
 

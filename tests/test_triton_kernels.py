@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=36, timeout=1200)  # the tests defined under ``if INTERPRETED``
+register_module(__file__, expected_passed=36, timeout=1200, run_s=122)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
