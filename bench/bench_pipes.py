@@ -8,7 +8,9 @@ the instruction's pipe, not its latency, sets the time. Reported per case: the m
 (``triton.testing.do_bench``) and the instructions per nanosecond per SM (thread instructions, i.e. lanes).
 Cases: ``cvt.rn.f16x2.e4m3x2`` (the decoders' conversion), ``lop3.b32``, ``prmt.b32``, ``shf.l.wrap.b32`` (their
 integer work), ``mul.rn.f16x2`` (their scale products), ``ex2.approx.ftz.f32`` and ``cvt.rn.f16x2.f32`` (the prefill
-consumers' softmax and rounding of ``P``) and ``fma.rn.f32`` (a full-rate reference).
+consumers' softmax and rounding of ``P``), ``ex2.approx.f16x2`` (two fp16 exponentials per instruction, which sm_90
+issues as two ``MUFU.EX2.F16``: whether they are cheaper than fp32 ones) and ``fma.rn.f32`` (a full-rate reference).
+Rates count PTX instructions, so one ``ex2.approx.f16x2`` is two exponentials.
 
 Pairs (``PAIRS``, 8 warps): the same threads run two chains, one of each instruction. A pair that takes the sum of
 its parts' times shares one unit; one that takes the longer part's time runs on two. That tells which work of the
@@ -37,12 +39,14 @@ CHAINS = {
     "fma.rn.f32": "{.reg .f32 r; mov.b32 r, $1;" + "fma.rn.f32 r, r, 0f3F800001, 0f3F800000;" * 16 + "mov.b32 $0, r;}",
     "shf.l.wrap.b32": "{.reg .b32 r; mov.b32 r, $1;" + "shf.l.wrap.b32 r, r, r, 3;" * 16 + "mov.b32 $0, r;}",
     "ex2.approx.ftz.f32": "{.reg .f32 r; mov.b32 r, $1;" + "ex2.approx.ftz.f32 r, r;" * 16 + "mov.b32 $0, r;}",
+    "ex2.approx.f16x2": "{.reg .b32 r; mov.b32 r, $1;" + "ex2.approx.f16x2 r, r;" * 16 + "mov.b32 $0, r;}",
     "cvt.rn.f16x2.f32": "{.reg .f32 f; .reg .b32 r; mov.b32 r, $1;"
                         + "mov.b32 f, r; cvt.rn.f16x2.f32 r, f, f;" * 16 + "mov.b32 $0, r;}",
 }
 PAIRS = [("cvt.rn.f16x2.e4m3x2", "ex2.approx.ftz.f32"), ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.f32"),
          ("ex2.approx.ftz.f32", "cvt.rn.f16x2.f32"), ("cvt.rn.f16x2.e4m3x2", "lop3.b32"),
          ("cvt.rn.f16x2.e4m3x2", "prmt.b32"), ("lop3.b32", "prmt.b32"), ("lop3.b32", "shf.l.wrap.b32"),
+         ("ex2.approx.f16x2", "ex2.approx.ftz.f32"),
          ("ex2.approx.ftz.f32", "fma.rn.f32"), ("mul.rn.f16x2", "fma.rn.f32"), ("cvt.rn.f16x2.e4m3x2", "mul.rn.f16x2")]
 PER_ASM = 16  # instructions per inline-asm block
 ITERS = 256

@@ -14,6 +14,7 @@ from gluon_compile import cuobjdump  # noqa: E402
 # PTX instruction -> its SASS opcode on sm_90 (``mul.rn.f16x2`` may also be issued as ``HFMA2.MMA``, on the same unit)
 SASS = {"cvt.rn.f16x2.e4m3x2": "F2FP.F16.E4M3.UNPACK_B", "lop3.b32": "LOP3.LUT", "prmt.b32": "PRMT",
         "mul.rn.f16x2": "HMUL2", "fma.rn.f32": "FFMA", "shf.l.wrap.b32": "SHF.L.W", "ex2.approx.ftz.f32": "MUFU.EX2",
+        "ex2.approx.f16x2": "MUFU.EX2.F16",
         "cvt.rn.f16x2.f32": "F2FP.F16.F32.PACK_AB"}
 
 
