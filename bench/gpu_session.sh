@@ -3,9 +3,11 @@
 #   bash bench/gpu_session.sh [STAGE...]     STAGE: tests | bench[=ARGS] | proxy | selection[=ARGS] | ncu |
 #                                            topk-build | topk   (default: tests bench ncu)
 # Logs, the benchmark JSON/PNG and the ncu report land in $OUT (one folder per benchmark: the device tool returns
-# a limited number of files). Issue 19's 32K dashboard in one call (about 8 minutes):
-#   bash bench/gpu_session.sh tests proxy "bench=--skip write splits prefetch flashinfer --prefill-t 32768 --topk 16
-#     --no-sweep --heads 64/4 16/1 --decode-topk 16 --decode-ctx 32768 --decode-batch 1 32 256" selection
+# a limited number of files). Issue 19's 32K dashboard in one call (about 8 minutes; its targets are an H200's, so
+# NVFP4_REQUIRE_GPU=H200 makes the call stop at once on any other GPU, see bench/gpu_setup.sh):
+#   NVFP4_REQUIRE_GPU=H200 bash bench/gpu_session.sh tests proxy "bench=--skip write splits prefetch flashinfer
+#     --prefill-t 32768 --topk 16 --no-sweep --heads 64/4 16/1 --decode-topk 16 --decode-ctx 32768 --decode-batch
+#     1 32 256" selection
 # Its end-to-end target needs a call of its own (about 7 minutes on a fresh machine, where FlashInfer's first
 # prefill CUDA-graph capture JIT-builds its kernels for about 205 s; 240 s of start-up was too short on an H100):
 #   OUT=$OUT/e bash bench/gpu_e2e.sh --budget-s 540 --steps one_batch --input-lens 32768 --batch-sizes 1

@@ -3,9 +3,20 @@
 # .gpu/site.tar.xz) to /tmp/site (once per machine), registers the plugin's entry point, exports the
 # environment, and writes the GPU / torch / FlashInfer versions to $OUT/log.txt.
 #   OUT=... ; source bench/gpu_setup.sh
+# With NVFP4_REQUIRE_GPU set (e.g. H200), a GPU whose name lacks it stops the call here, before the bundle is
+# unpacked: a call that asks for one kind may get another, and figures for a target GPU must come from that GPU.
 : "${OUT:?set OUT before sourcing bench/gpu_setup.sh}"
 mkdir -p "$OUT" /tmp/site
 ts() { date +%H:%M:%S; }
+if [ -n "${NVFP4_REQUIRE_GPU:-}" ]; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu_name" in
+    *"$NVFP4_REQUIRE_GPU"*) ;;
+    *) echo "[$(ts)] NVFP4_REQUIRE_GPU=$NVFP4_REQUIRE_GPU but this GPU is '${gpu_name:-none found}': nothing run" \
+         | tee -a "$OUT/log.txt"
+       return 1 ;;
+  esac
+fi
 # A warm machine keeps /tmp: unpack again only when the bundle differs from the one unpacked.
 stamp=$(stat -c %s-%Y .gpu/site.tar.xz) || return 1
 if [ "$(cat /tmp/site/.bundle_stamp 2>/dev/null)" != "$stamp" ]; then
