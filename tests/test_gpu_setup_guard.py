@@ -15,13 +15,13 @@ def _source_setup(tmp_path, gpu_name, require):
     smi = bin_dir / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\necho '{gpu_name}'\n")
     smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "LC_ALL": "C"}
     env.pop("NVFP4_REQUIRE_GPU", None)
     if require is not None:
         env["NVFP4_REQUIRE_GPU"] = require
     # The working directory has no .gpu bundle: past the guard, the setup stops at the bundle's stat.
-    return subprocess.run(["bash", "-c", f"source {SETUP} && echo SET-UP"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", "-c", f"source {SETUP}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_another_gpu_stops_the_call_before_the_bundle(tmp_path):
