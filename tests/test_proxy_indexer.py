@@ -16,7 +16,7 @@ from sglang_nvfp4.indexer.proxy import round_keys_fp8, round_queries_fp8
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=13, timeout=900, run_s=105)  # the torch tests run there too
+register_module(__file__, expected_passed=18, timeout=900, run_s=115)  # the torch tests run there too
 E4M3_ONE = 0x38  # the E4M3 byte of 1.0
 
 
@@ -47,13 +47,15 @@ def random_problem(seed, hkv=2, group=4, seq_lens=(2600, 900), tokens=(30, 12)):
     return q, cache, table, req, pos
 
 
-def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1, precision="fp16"):
+def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1, precision="fp16", share=1):
     """The documented score one (KV head, token) at a time in float64: each of the ``groups`` fp16 means of runs
     of consecutive query heads against every key at or before the token, max per block and over the runs;
     own/sink/local forced, the rest by (score desc, id asc). ``precision="fp8"``: the means and keys rounded as
-    documented first (the rounding itself is checked against hand-computed values below)."""
+    documented first (the rounding itself is checked against hand-computed values below). ``share`` > 1 in a batch
+    with more tokens than table rows: consecutive tokens of a request with the same ``pos // share`` score each
+    block by the max of their scores and select once."""
     hkv = cache.shape[1] // 2
-    out = torch.full((hkv, q.shape[0], topk), -1, dtype=torch.int32)
+    scores = {}  # (h, i) -> {block: score}
     for i in range(q.shape[0]):
         p, own = int(pos[i]), int(pos[i]) // fmt.PAGE_SIZE
         pages = table[int(req[i]), : own + 1].long()
@@ -64,12 +66,35 @@ def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, 
             qbar = q[i].double().view(hkv, groups, -1, fmt.HEAD_DIM)[h].mean(1).half()  # [groups, 128]
             qbar = (round_queries_fp8(qbar) if precision == "fp8" else qbar).double()
             logits = (k[:, h].reshape(-1, fmt.HEAD_DIM)[: p + 1] @ qbar.T).amax(1)
-            score = {b: float(logits[b * fmt.PAGE_SIZE : (b + 1) * fmt.PAGE_SIZE].max()) for b in range(own + 1)}
+            scores[h, i] = {b: float(logits[b * fmt.PAGE_SIZE : (b + 1) * fmt.PAGE_SIZE].max())
+                            for b in range(own + 1)}
+    runs = [[i] for i in range(q.shape[0])]
+    if share > 1 and q.shape[0] > table.shape[0]:
+        runs = []
+        for i in range(q.shape[0]):
+            if runs and int(req[i]) == int(req[i - 1]) and int(pos[i]) // share == int(pos[i - 1]) // share:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    out = torch.full((hkv, q.shape[0], topk), -1, dtype=torch.int32)
+    for run in runs:
+        own = int(pos[run[-1]]) // fmt.PAGE_SIZE
+        for h in range(hkv):
+            score = {b: max(scores[h, i][b] for i in run) for b in range(own + 1)}
             forced = {b for b in score if b == own or b < sink_blocks or b >= own - local_blocks}
             rest = sorted((b for b in score if b not in forced), key=lambda b: (-score[b], b))
             chosen = sorted(forced | set(rest[: max(0, topk - len(forced))]))[:topk]
-            out[h, i, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+            out[h, run, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
     return out
+
+
+def prefill_problem(seed, seq_lens, starts, group=4):
+    """:func:`exact_problem` as a prefill batch: request ``r`` holds its tokens at positions ``starts[r] ..
+    seq_lens[r] - 1`` (consecutive, starts not aligned to any run)."""
+    counts = [n - s for n, s in zip(seq_lens, starts)]
+    q, cache, table, req, _ = exact_problem(seed, list(seq_lens), counts, group=group)
+    pos = torch.cat([torch.arange(s, n, dtype=torch.int32) for n, s in zip(seq_lens, starts)])
+    return q, cache, table, req, pos
 
 
 @pytest.mark.parametrize("topk, sink, local, groups", [(16, 1, 1, 1), (4, 1, 1, 1), (6, 2, 0, 1), (3, 0, 0, 1),
@@ -89,6 +114,35 @@ def test_query_groups_change_the_selection_and_must_divide_the_heads():
     assert torch.equal(every_head, brute_force_f64(q, cache, table, req, pos, 4, 1, 1, groups=4))
     with pytest.raises(ValueError, match="groups=3: must divide the 4 query heads"):
         select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=3)
+
+
+@pytest.mark.parametrize("share, topk, groups", [(8, 4, 1), (4, 6, None), (128, 4, 2)])
+def test_shared_selection_follows_the_documented_rule(share, topk, groups):
+    # three requests, their chunks starting mid-run and mid-block; the third's tokens all in one block
+    q, cache, table, req, pos = prefill_problem(5, [1400, 700, 200], [1337, 645, 133])
+    got = select_blocks_proxy(q, cache, table, req, pos, topk=topk, groups=groups, share=share, impl="torch")
+    want = brute_force_f64(q, cache, table, req, pos, topk, 1, 1, groups or 4, share=share)
+    assert torch.equal(got, want)
+    alone = select_blocks_proxy(q, cache, table, req, pos, topk=topk, groups=groups, impl="torch")
+    assert not torch.equal(got, alone)  # the runs change selections on this problem
+    # every token of a run holds the run's selection, and runs break at requests and at multiples of share
+    key = req.long() * 10**6 + pos.long() // share
+    for k in key.unique():
+        rows = got[:, key == k]
+        assert torch.equal(rows, rows[:, :1].expand_as(rows))
+
+
+def test_shared_selection_leaves_decode_batches_and_checks_its_value():
+    # one token per table row (decode): each token selects alone whatever share says
+    q, cache, table, req, pos = exact_problem(6, [2600, 2500, 1300], [1, 1, 1])
+    pos = torch.tensor([2599, 2499, 1299], dtype=torch.int32)
+    shared = select_blocks_proxy(q, cache, table, req, pos, topk=4, share=16, impl="torch")
+    assert torch.equal(shared, select_blocks_proxy(q, cache, table, req, pos, topk=4, impl="torch"))
+    for bad in (0, 3, 256):
+        with pytest.raises(ValueError, match=f"share={bad}: expected one of \\(1, 2, 4, 8, 16, 32, 64, 128\\)"):
+            select_blocks_proxy(q, cache, table, req, pos, share=bad)
+        with pytest.raises(ValueError, match=f"share={bad}"):
+            ProxyIndexer(2, 5, 2, "cpu", share=bad)
 
 
 def test_fp8_rounding_of_queries_and_keys_by_hand():
@@ -126,7 +180,8 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     assert torch.equal(ix.select(0, q, cache, table, req, pos),
                        select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
-    selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None, "precision": "fp8"}  # the defaults
+    selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None, "precision": "fp8",
+                 "share": 1}  # the defaults
     assert config.indexer_kind(0, 2) == (ProxyIndexer, selection)
     assert config.indexer_state_bytes(2, 2) == StateBytes()
     grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
@@ -154,6 +209,17 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     assert every_head.groups is None and torch.equal(every_head.select(0, q, cache, table, req, pos), want)
     with pytest.raises(ValueError, match="INDEXER='bogus': expected one of \\('mean', 'quest', 'proxy'\\)"):
         load_config({"NVFP4_SPARSE_INDEXER": "bogus"})
+    shared = load_config({"NVFP4_SPARSE_PROXY_SHARE": "8"}).build_indexer(2, 5, 2, "cpu")
+    q, cache, table, req, pos = prefill_problem(2, [1300], [1250])
+    assert shared.share == 8 and torch.equal(
+        shared.select(0, q, cache, table, req, pos),
+        select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=None, precision="fp8", share=8))
+    with pytest.raises(ValueError, match="PROXY_SHARE=8: applies to NVFP4_SPARSE_INDEXER=proxy only"):
+        load_config({"NVFP4_SPARSE_INDEXER": "quest", "NVFP4_SPARSE_PROXY_SHARE": "8"})
+    with pytest.raises(ValueError, match="PROXY_SHARE=12: expected one of \\(1, 2, 4, 8, 16, 32, 64, 128\\)"):
+        load_config({"NVFP4_SPARSE_PROXY_SHARE": "12"})
+    with pytest.raises(ValueError, match="PROXY_SHARE=256: expected 1..128"):
+        load_config({"NVFP4_SPARSE_PROXY_SHARE": "256"})
 
 
 def check_kernel_on_exact_ties(device):
@@ -183,6 +249,26 @@ def check_kernel_on_exact_ties(device):
             got = select_blocks_proxy(*args, topk=topk, sink_blocks=sink, local_blocks=local, groups=groups,
                                       impl="triton")
             assert torch.equal(got, want), (seed, topk, groups)
+
+
+def check_shared_kernel(device):
+    """Shared selections (``share``): the Triton path against the torch path on a prefill batch whose chunks start
+    mid-run, with every query head and with 2 groups, and once scored in token chunks of 32 (runs then span chunks:
+    their maxima meet in the run rows)."""
+    from sglang_nvfp4.indexer.rules import max_runs, token_runs
+    from sglang_nvfp4.kernels.triton_indexer import select_proxy_blocks
+
+    q, cache, table, req, pos = prefill_problem(7, [1400, 700, 200], [1337, 645, 133])
+    args = [x.to(device) for x in (q, cache, table, req, pos)]
+    for share, groups in [(8, None), (16, 2)]:
+        want = select_blocks_proxy(*args, topk=6, groups=groups, share=share, impl="torch")
+        got = select_blocks_proxy(*args, topk=6, groups=groups, share=share, impl="triton")
+        assert torch.equal(got, want), (share, groups)
+    runs = token_runs(args[3], args[4], 8, max_runs(len(q), table.shape[0], 8))
+    queries = q.to(device).half()  # every head its own query: one group per head
+    chunked = select_proxy_blocks(queries, *args[1:], 6, 1, 1, groups=4, runs=runs,
+                                  score_bytes=4 * 2 * 32 * table.shape[1])
+    assert torch.equal(chunked, select_blocks_proxy(*args, topk=6, groups=None, share=8, impl="torch"))
 
 
 def fp8_block_scores_f64(queries, cache, table, req, pos, groups):
@@ -259,6 +345,9 @@ if INTERPRETED:
     def test_fp8_proxy_kernel_matches_torch():
         check_fp8_kernel("cpu")
 
+    def test_shared_selection_kernel_matches_torch():
+        check_shared_kernel("cpu")
+
 else:
 
     @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
@@ -270,3 +359,4 @@ else:
     def test_compiled_proxy_kernels_match_torch():
         check_kernel_on_exact_ties("cuda")
         check_fp8_kernel("cuda")
+        check_shared_kernel("cuda")

@@ -36,13 +36,15 @@ column by its power of two (exact), so both paths score the dequantized keys.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import format as fmt
 from ..reference import check_token_metadata
 from .fp8 import E8M0_BIAS, dequantize_rows, quantize_rows
 from .protocol import StateBytes
-from .rules import check_index_values, check_selection_settings, forced_blocks, rank_blocks
+from .rules import check_index_values, check_selection_settings, forced_blocks, max_into_runs, rank_blocks
 from .summary import resolve_impl
 
 __all__ = ["IndexKeys", "LearnedIndexer", "select_blocks_learned", "INDEX_DIM", "INDEX_KEY_DTYPES"]
@@ -159,18 +161,25 @@ def _select_torch(idx_q, keys: IndexKeys, block_table, req, pos, topk, sink_bloc
 
 
 def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Tensor, pos: torch.Tensor, topk: int,
-                              sink_blocks: int, local_blocks: int, groups: int = 1) -> torch.Tensor:
+                              sink_blocks: int, local_blocks: int, groups: int = 1,
+                              runs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The torch path shared by the learned and the proxy indexer: int32 ``[H, T, topk]`` for ``queries [T, H *
     groups, D]`` (``groups`` consecutive query rows per selecting head). ``request_keys(r, num_blocks)`` gives fp32
     keys ``[H or 1, num_blocks * 128, D]`` of request ``r``'s first blocks; a token scores a block by the max over
     its keys at positions <= ``pos`` and over the head's query rows of ``q . k``, then the rule of :mod:`.rules`
     chooses. One request at a time, token chunks bounded by ``_SCORES_PER_CHUNK``, each scoring the blocks up to
     its last token's own block. Keys past a token's position lie in its own block, which the rule always selects,
-    so the scores are not masked at the position (as in the Triton kernel): the selections are the same."""
+    so the scores are not masked at the position (as in the Triton kernel): the selections are the same.
+    ``runs``: ``(run, run_pos)`` of :func:`.rules.token_runs` to select once per run of tokens (the max of its
+    tokens' scores), ``None`` to select per token."""
     t, rows, _ = queries.shape
     heads = rows // groups
     own = pos.long() // fmt.PAGE_SIZE
     out = torch.empty(heads, t, topk, dtype=torch.int32, device=queries.device)
+    if runs is not None:
+        run, run_pos = runs
+        width = int(own.max()) + 1 if t else 0
+        run_scores = torch.full((heads, run_pos.shape[0], width), -math.inf, device=queries.device)
     for r in torch.unique(req).tolist():
         tokens = (req == r).nonzero()[:, 0]
         num_blocks = int(own[tokens].max()) + 1
@@ -183,8 +192,15 @@ def select_by_max_pooled_keys(queries: torch.Tensor, request_keys, req: torch.Te
             q = queries[chunk].float().transpose(0, 1).reshape(heads, groups * n, -1)  # [H, groups * C, D]
             logits = torch.matmul(q, k[:, : blocks * fmt.PAGE_SIZE].transpose(1, 2))  # [H, groups * C, keys]
             scores = logits.view(heads, groups, n, blocks, fmt.PAGE_SIZE).amax(dim=(1, -1))
-            forced = forced_blocks(own[chunk], blocks, sink_blocks, local_blocks)
-            out[:, chunk] = rank_blocks(scores, own[chunk], topk, forced)
+            if runs is None:
+                forced = forced_blocks(own[chunk], blocks, sink_blocks, local_blocks)
+                out[:, chunk] = rank_blocks(scores, own[chunk], topk, forced)
+            else:
+                max_into_runs(run_scores[..., :blocks], run[chunk], scores)
+    if runs is not None and t:
+        run_own = run_pos.long() // fmt.PAGE_SIZE
+        chosen = rank_blocks(run_scores, run_own, topk, forced_blocks(run_own, width, sink_blocks, local_blocks))
+        out.copy_(chosen.index_select(1, run))
     return out
 
 

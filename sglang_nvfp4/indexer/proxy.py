@@ -23,6 +23,11 @@ products (:func:`round_queries_fp8`, :func:`round_keys_fp8`; the Triton kernel r
 cores, twice the fp16 rate, and the torch path computes the same rounded values in fp32). A query row is scaled by
 the power of two that puts its largest magnitude in ``[128, 256)`` and a key by 1/8 (its ``e2m1 * e4m3`` value is
 at most 2688), so the rounding keeps E4M3's 4 significant bits and scores keep their units.
+
+``share`` > 1 (``NVFP4_SPARSE_PROXY_SHARE``) has runs of up to ``share`` consecutive positions of one request select
+once in prefill batches (:mod:`.rules`, "Shared selections"): a block scores the max over the run's tokens too, so
+the run attends the blocks that serve any of its tokens best. The tokens then share their pages, which the prefill
+kernels decode once per tile of tokens: fewer pages per tile, less attention time.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from ..reference import check_queries, check_token_metadata
 from .fp8 import round_rows
 from .learned import select_by_max_pooled_keys
 from .protocol import StateBytes
-from .rules import check_index_values, check_selection_settings
+from .rules import check_index_values, check_selection_settings, check_share, max_runs, shares_selections, token_runs
 from .summary import aggregate_queries, resolve_impl
 
 __all__ = ["PRECISIONS", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
@@ -57,10 +62,11 @@ def round_keys_fp8(keys: torch.Tensor) -> torch.Tensor:
 
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
-                        groups: int | None = 1, precision: str = "fp16", impl: str = "auto") -> torch.Tensor:
+                        groups: int | None = 1, precision: str = "fp16", share: int = 1,
+                        impl: str = "auto") -> torch.Tensor:
     """Top-``topk`` blocks per KV head and token, int32 ``[Hkv, T, topk]`` (ascending ids, then ``-1``), scored
-    as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one) and the
-    products' ``precision`` (``"fp16"`` or ``"fp8"``).
+    as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one), the
+    products' ``precision`` (``"fp16"`` or ``"fp8"``) and runs of ``share`` positions selecting once.
     ``q [T, H, 128]``, ``cache`` the layer's NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as
     in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
     hkv = fmt.check_cache(cache)
@@ -73,6 +79,7 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
         raise ValueError(f"groups={groups}: must divide the {group} query heads per KV head")
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
+    check_share(share)
     if q.device != cache.device:
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
@@ -80,15 +87,19 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
     # [T, Hkv * groups, 128] fp16: means of runs of consecutive heads; one run per head is the query itself (the
     # same fp16 values without the averaging pass: 2 ms at 32K tokens of 64 heads on the H200)
     queries = q.to(torch.float16) if groups == group else aggregate_queries(q, hkv * groups, "mean")
+    runs = None
+    if shares_selections(share, t, block_table.shape[0]):
+        runs = token_runs(req, pos, share, max_runs(t, block_table.shape[0], share))
     if resolve_impl(impl, q.device) == "triton":
         from ..kernels.triton_indexer import select_proxy_blocks
 
         return select_proxy_blocks(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks,
-                                   groups=groups, fp8=precision == "fp8")
-    return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision)
+                                   groups=groups, fp8=precision == "fp8", runs=runs)
+    return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision,
+                         runs)
 
 
-def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision):
+def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision, runs):
     hkv = queries.shape[1] // groups
     check_index_values(block_table, req, pos, cache.shape[0])
     fp8 = precision == "fp8"
@@ -100,20 +111,23 @@ def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, loca
         return round_keys_fp8(k) if fp8 else k
 
     queries = round_queries_fp8(queries) if fp8 else queries
-    return select_by_max_pooled_keys(queries, request_keys, req, pos, topk, sink_blocks, local_blocks, groups)
+    return select_by_max_pooled_keys(queries, request_keys, req, pos, topk, sink_blocks, local_blocks, groups, runs)
 
 
 class ProxyIndexer:
     """:class:`~.protocol.BlockIndexer` scoring with :func:`select_blocks_proxy` (``groups`` queries per KV head,
-    ``None``: every query head; products in ``precision``): no state of its own."""
+    ``None``: every query head; products in ``precision``; runs of ``share`` positions selecting once): no state of
+    its own."""
 
     def __init__(self, num_layers: int, num_pages: int, num_kv_heads: int, device=None, *, topk: int = fmt.TOPK,
-                 sink_blocks: int = 1, local_blocks: int = 1, groups: int | None = 1, precision: str = "fp16"):
+                 sink_blocks: int = 1, local_blocks: int = 1, groups: int | None = 1, precision: str = "fp16",
+                 share: int = 1):
         check_selection_settings(topk, sink_blocks, local_blocks)
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
+        check_share(share)
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
-        self.precision = precision
+        self.precision, self.share = precision, share
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:
@@ -133,4 +147,5 @@ class ProxyIndexer:
 
     def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs) -> torch.Tensor:
         return select_blocks_proxy(q, cache, block_table, req, pos, topk=self.topk, sink_blocks=self.sink_blocks,
-                                   local_blocks=self.local_blocks, groups=self.groups, precision=self.precision)
+                                   local_blocks=self.local_blocks, groups=self.groups, precision=self.precision,
+                                   share=self.share)

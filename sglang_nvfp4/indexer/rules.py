@@ -8,11 +8,19 @@ ascending): **equal scores select the lower block id**. NaN scores rank as the l
 +-inf as +-FLT_MAX; a visible block always beats an empty slot. A token with at most ``topk`` visible
 blocks therefore selects all of them (dense). Output rows hold the selected ids in ascending order,
 then ``-1`` padding.
+
+**Shared selections** (the proxy indexer's ``share``, :func:`token_runs`): in a batch with more tokens than
+block-table rows (prefill, extend), consecutive tokens of one request whose positions have the same ``pos //
+share`` form a run, and a run selects once: each block scores the max of its tokens' scores, and the rule above
+chooses for the run's last position. ``share`` divides 128, so a run's tokens have one own block, the same
+sink and local blocks and the same visible blocks: every token of the run gets exactly the run's selection. A batch
+of at most one token per row (decode) selects per token.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -30,6 +38,51 @@ def check_selection_settings(topk: int, sink_blocks: int, local_blocks: int) -> 
     if sink_blocks + local_blocks + 1 > topk:
         raise ValueError(f"topk: {topk} slots cannot hold the own block + {sink_blocks} sink_blocks + "
                          f"{local_blocks} local_blocks")
+
+
+SHARES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per shared selection: powers of two dividing the block
+
+
+def check_share(share: int) -> None:
+    """``ValueError`` unless ``share`` is one of :data:`SHARES`."""
+    if share not in SHARES:
+        raise ValueError(f"share={share}: expected one of {SHARES} (a power of two dividing {fmt.PAGE_SIZE})")
+
+
+def shares_selections(share: int, num_tokens: int, num_rows: int) -> bool:
+    """Whether a batch of ``num_tokens`` tokens over a block table of ``num_rows`` rows selects per run of tokens
+    (module docstring): ``share`` > 1 and more tokens than rows."""
+    return share > 1 and num_tokens > num_rows
+
+
+def max_runs(num_tokens: int, num_rows: int, share: int) -> int:
+    """An upper bound on the runs of a batch whose requests each hold consecutive tokens at consecutive positions
+    (SGLang's batches): a request of ``n`` tokens spans at most ``(n - 1) // share + 2`` runs."""
+    return min(num_tokens, num_tokens // share + 2 * num_rows)
+
+
+def token_runs(req: torch.Tensor, pos: torch.Tensor, share: int, runs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runs of a batch (module docstring), without a host sync: ``(run, run_pos)``, int64 ``run [T]`` the run of
+    each token (0, 1, ... in batch order) and int32 ``run_pos [runs]`` the last position of each run (0 for the
+    unused ones). ``runs``: the buffer size, :func:`max_runs`; in a batch that holds more runs (a request's tokens
+    out of order or split), the tokens past it join the last run, which changes their selections but keeps them
+    within the blocks their kernels read (blocks past a token's position are skipped)."""
+    starts = torch.ones(pos.shape[0], dtype=torch.bool, device=pos.device)
+    key = pos.long() // share
+    starts[1:] = (req[1:] != req[:-1]) | (key[1:] != key[:-1])
+    run = (torch.cumsum(starts, 0) - 1).clamp_(max=runs - 1)
+    run_pos = torch.zeros(runs, dtype=torch.int32, device=pos.device).scatter_reduce_(0, run, pos.int(), "amax")
+    return run, run_pos
+
+
+def max_into_runs(run_scores: torch.Tensor, run: torch.Tensor, scores: torch.Tensor) -> None:
+    """``run_scores[:, run[i]] = max(run_scores[:, run[i]], scores[:, i])`` for the tokens ``i`` of ``scores [H, n,
+    B]`` (``run [n]``; ``run_scores [H, runs, B]``, fp32), in place, without a host sync. ``Tensor.index_reduce_``
+    has been marked beta since torch 1.12 and warns once per process; its result does not depend on the order of
+    the maxima, so the warning is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
+        run_scores.index_reduce_(1, run, scores, "amax")
 
 
 def check_index_values(block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, num_pages: int) -> None:

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .. import format as fmt
 from ..indexer.proxy import FP8_KEY_FACTOR
+from ..indexer.rules import max_into_runs
 from .triton_common import (BLOCK_WORDS, HEAD_DIM, INTERPRETED, PAGE, TILE_SCALE, decode_k_tile, load_k_codes,
                             load_k_tile, uses_ptx)
 
@@ -561,19 +562,36 @@ def select_scored_blocks(scores, pos, block_ids, tok0: int, topk: int, sink_bloc
 
 
 def _select_in_chunks(score_chunk, heads: int, block_table, req, pos, topk: int, sink_blocks: int,
-                      local_blocks: int, tokens: int, score_bytes: int, decode_blocks_per_step: int) -> torch.Tensor:
+                      local_blocks: int, tokens: int, score_bytes: int, decode_blocks_per_step: int,
+                      runs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """int32 ``block_ids [heads, T, topk]``: per chunk of tokens (:func:`learned_score_chunks`), the block
     scores of ``score_chunk(part, scores)`` (fills fp32 ``scores [heads, n, S]`` for tokens ``part``), then the
     selection; a decode-like batch (``tokens == 1``: one token per program) merges
-    ``decode_blocks_per_step`` blocks at a time: fewer, wider merges."""
+    ``decode_blocks_per_step`` blocks at a time: fewer, wider merges. With ``runs`` (``(run, run_pos)`` of
+    :func:`sglang_nvfp4.indexer.rules.token_runs`) each chunk's scores are max-reduced into their runs' rows
+    (fp32 ``[heads, runs, S]``, next to the chunk's), the rule selects once per run, and each token takes its
+    run's row."""
     t, cols = pos.shape[0], block_table.shape[1]
     block_ids = torch.empty(heads, t, topk, dtype=torch.int32, device=pos.device)
     select_tokens, step = (1, decode_blocks_per_step) if tokens == 1 else (SCORED_SELECT_TOKENS, SCORED_SELECT_STEP)
+    if runs is not None:
+        run, run_pos = runs
+        # Blocks past a run's own block hold whatever its tokens' rows held there (the score kernels store nothing
+        # past a token's own block): the rule never reads them.
+        run_scores = torch.full((heads, run_pos.shape[0], cols), float("-inf"), device=pos.device)
     for c0, n in learned_score_chunks(t, heads, cols, tokens, score_bytes):
         scores = torch.empty(heads, n, cols, dtype=torch.float32, device=pos.device)
         part = slice(c0, c0 + n)
         score_chunk(part, scores)
-        select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens, step)
+        if runs is None:
+            select_scored_blocks(scores, pos[part], block_ids, c0, topk, sink_blocks, local_blocks, select_tokens,
+                                 step)
+        else:
+            max_into_runs(run_scores, run[part], scores)
+    if runs is not None:
+        run_ids = torch.empty(heads, run_pos.shape[0], topk, dtype=torch.int32, device=pos.device)
+        select_scored_blocks(run_scores, run_pos, run_ids, 0, topk, sink_blocks, local_blocks, select_tokens, step)
+        torch.index_select(run_ids, 1, run, out=block_ids)
     return block_ids
 
 
@@ -607,13 +625,15 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
                         pos: torch.Tensor, topk: int, sink_blocks: int, local_blocks: int, *, groups: int = 1,
                         fp8: bool = False, prefill_rows: int = PROXY_PREFILL_ROWS,
                         score_bytes: int = LEARNED_SCORE_BYTES,
-                        decode_blocks_per_step: int = LEARNED_DECODE_STEP) -> torch.Tensor:
+                        decode_blocks_per_step: int = LEARNED_DECODE_STEP,
+                        runs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
     ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv * groups, 128]`` (``groups``
     per KV head); ``cache`` the NVFP4 cache. As :func:`select_learned_blocks`, with one KV head per score program
     (prefill tiles of ``prefill_rows`` (token, group) rows); a block's score is the max over the KV head's
     groups, taken in the score kernel; ``fp8``: the products on E4M3-rounded queries and keys. fp8 prefill scores
-    on Hopper run the warp-specialized Gluon kernel (:mod:`.gluon_proxy`) where it serves the call."""
+    on Hopper run the warp-specialized Gluon kernel (:mod:`.gluon_proxy`) where it serves the call. ``runs``: select
+    once per run of tokens (:func:`_select_in_chunks`)."""
     t = queries.shape[0]
     hkv = cache.shape[1] // 2
     queries = queries.contiguous()
@@ -629,7 +649,7 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
                                groups, fp8)
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
-                             score_bytes, decode_blocks_per_step)
+                             score_bytes, decode_blocks_per_step, runs)
 
 
 def _gluon_proxy_scores(device: torch.device, num_tokens: int, num_rows: int, groups: int):

@@ -17,6 +17,9 @@ variable                          default  meaning
                                            ``all``: every query head is one
 ``NVFP4_SPARSE_PROXY_PRECISION``  fp8      ``proxy`` only: operands of its score products, ``fp8`` or
                                            ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
+``NVFP4_SPARSE_PROXY_SHARE``      1        ``proxy`` only: in prefill, runs of this many consecutive
+                                           positions of a request select once (a block scores the max over
+                                           the run's tokens): 1, 2, 4, ... 128
 ``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16 or fp16,
                                            256 bytes a token and sparse layer, as SGLang keeps them) or
                                            ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
@@ -45,7 +48,7 @@ checkpoint's config too (:meth:`SparseConfig.check_model`); the backend checks t
 
 MiniMax-M3 checkpoints bring their own selection (:mod:`.minimax_m3`, :meth:`SparseConfig.for_model`):
 their learned indexer, top-k and forced blocks come from the checkpoint, so setting ``TOPK``,
-``SINK_BLOCKS``, ``LOCAL_BLOCKS``, ``INDEXER``, ``PROXY_GROUPS`` or ``PROXY_PRECISION`` for one is a start-up
+``SINK_BLOCKS``, ``LOCAL_BLOCKS``, ``INDEXER``, ``PROXY_GROUPS``, ``PROXY_PRECISION`` or ``PROXY_SHARE`` for one is a start-up
 error; ``DENSE_LAYERS`` and ``KERNEL`` apply as for any model. ``INDEX_KEYS`` applies to them alone (other models
 keep no index keys: setting it for one is a start-up error).
 """
@@ -61,11 +64,13 @@ from .. import format as fmt
 from .. import kernels
 from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIndexer
 from ..indexer.proxy import PRECISIONS
+from ..indexer.rules import SHARES
 from .minimax_m3 import INDEX_KEY_STORAGE, M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
 # A model's own indexer replaces these.
-_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS", "PROXY_PRECISION")
+_SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS", "PROXY_PRECISION",
+                        "PROXY_SHARE")
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
 # The selection when no variable is set (the module docstring says why). format.TOPK is the kernels' narrowest
 # width (FlyDSL's only one); DEFAULT_PROXY_GROUPS None: one query per query head.
@@ -73,6 +78,7 @@ DEFAULT_TOPK = 16
 DEFAULT_INDEXER = "proxy"
 DEFAULT_PROXY_GROUPS: int | None = None
 DEFAULT_PROXY_PRECISION = "fp8"
+DEFAULT_PROXY_SHARE = 1
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class SparseConfig:
     indexer: str = DEFAULT_INDEXER
     proxy_groups: int | None = DEFAULT_PROXY_GROUPS  # queries per KV head of the proxy indexer; None: every head
     proxy_precision: str = DEFAULT_PROXY_PRECISION  # operands of the proxy's score products (PRECISIONS)
+    proxy_share: int = DEFAULT_PROXY_SHARE  # positions per shared selection of the proxy indexer in prefill (SHARES)
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
     index_keys: str = "model"  # storage of a learned indexer's keys (INDEX_KEY_STORAGE)
     explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
@@ -130,7 +137,8 @@ class SparseConfig:
             return self.model.indexer_kind(start_layer, num_layers, self.dense_layers)
         selection = {"topk": self.topk, "sink_blocks": self.sink_blocks, "local_blocks": self.local_blocks}
         if self.indexer == "proxy":
-            return ProxyIndexer, {**selection, "groups": self.proxy_groups, "precision": self.proxy_precision}
+            return ProxyIndexer, {**selection, "groups": self.proxy_groups, "precision": self.proxy_precision,
+                                  "share": self.proxy_share}
         return SummaryIndexer, {"method": self.indexer, **selection}
 
     def indexer_state_bytes(self, num_layers: int, num_kv_heads: int, start_layer: int = 0) -> StateBytes:
@@ -183,6 +191,12 @@ def load_config(env=None) -> SparseConfig:
                          f"(got {indexer!r})")
     if precision and precision not in PRECISIONS:
         raise ValueError(f"{_PREFIX}PROXY_PRECISION={precision!r}: expected one of {PRECISIONS}")
+    raw_share = (env.get(_PREFIX + "PROXY_SHARE") or "").strip()
+    if raw_share and indexer != "proxy":
+        raise ValueError(f"{_PREFIX}PROXY_SHARE={raw_share}: applies to {_PREFIX}INDEXER=proxy only (got {indexer!r})")
+    share = _int(env, "PROXY_SHARE", DEFAULT_PROXY_SHARE, 1, fmt.PAGE_SIZE)
+    if share not in SHARES:
+        raise ValueError(f"{_PREFIX}PROXY_SHARE={share}: expected one of {SHARES}")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
@@ -198,7 +212,7 @@ def load_config(env=None) -> SparseConfig:
         raise ValueError(f"{_PREFIX}INDEX_KEYS={index_keys!r}: expected one of {tuple(INDEX_KEY_STORAGE)}")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
-    return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, dense,
+    return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, share, dense,
                         index_keys, explicit)
 
 
