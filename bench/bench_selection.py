@@ -1,6 +1,6 @@
 """What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``,
-``proxy/G`` with G query groups per KV head, ``proxy/G/fp8`` with its products in fp8) and the sparse attention it
-feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
+``proxy/G`` with G query groups per KV head, ``proxy/G/fp8`` with its products in fp8, ``proxy/G/fp8/sN`` with runs of
+N positions sharing a selection in prefill) and the sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
 
     python bench/bench_selection.py --out DIR [--prefill-t 32768] [--decode-batch 32 256] [--decode-ctx 32768]
 
@@ -62,18 +62,20 @@ def selector(indexer: str, topk: int | None, cache, slots):
         kv_heads = cache.shape[1] // 2
         return lambda q, bt, req, pos: all_visible_blocks(pos, bt.shape[1]).expand(kv_heads, -1, -1)
     if indexer.startswith("proxy"):
-        groups, precision = proxy_setting(indexer)
+        groups, precision, share = proxy_setting(indexer)
         return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk, groups=groups,
-                                                           precision=precision)
+                                                           precision=precision, share=share)
     summaries = BlockSummaries(cache.shape[0], cache.shape[1] // 2, device=DEV)
     summaries.update(cache, slots)
     return lambda q, bt, req, pos: select_blocks(q, summaries, bt, req, pos, topk=topk, method=indexer)
 
 
-def proxy_setting(indexer: str) -> tuple[int, str]:
-    """(query groups per KV head, precision) of a ``proxy[/G[/fp8]]`` setting name."""
+def proxy_setting(indexer: str) -> tuple[int, str, int]:
+    """(query groups per KV head, precision, positions per shared selection) of a ``proxy[/G[/PRECISION[/sN]]]``
+    setting name."""
     parts = indexer.split("/")
-    return int(parts[1]) if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else "fp16"
+    share = int(parts[3].removeprefix("s")) if len(parts) > 3 else 1
+    return int(parts[1]) if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else "fp16", share
 
 
 def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SETTINGS) -> list[dict]:
