@@ -1,6 +1,7 @@
 """What a selection setting costs on a CUDA GPU: the indexer (``quest`` summaries or the token-level ``proxy``,
 ``proxy/G`` with G query groups per KV head, ``proxy/G/fp8`` with its products in fp8, ``proxy/G/fp8/sN`` with runs of
-N positions sharing a selection in prefill) and the sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
+N positions sharing a selection in prefill, ``proxy/G/fp8/sNlast`` with each run scored by its last token) and the
+sparse attention it feeds, per budget (top-16/32/64 blocks), prefill and decode (issue 17).
 
     python bench/bench_selection.py --out DIR [--prefill-t 32768] [--decode-batch 32 256] [--decode-ctx 32768]
 
@@ -62,20 +63,22 @@ def selector(indexer: str, topk: int | None, cache, slots):
         kv_heads = cache.shape[1] // 2
         return lambda q, bt, req, pos: all_visible_blocks(pos, bt.shape[1]).expand(kv_heads, -1, -1)
     if indexer.startswith("proxy"):
-        groups, precision, share = proxy_setting(indexer)
+        groups, precision, share, share_score = proxy_setting(indexer)
         return lambda q, bt, req, pos: select_blocks_proxy(q, cache, bt, req, pos, topk=topk, groups=groups,
-                                                           precision=precision, share=share)
+                                                           precision=precision, share=share, share_score=share_score)
     summaries = BlockSummaries(cache.shape[0], cache.shape[1] // 2, device=DEV)
     summaries.update(cache, slots)
     return lambda q, bt, req, pos: select_blocks(q, summaries, bt, req, pos, topk=topk, method=indexer)
 
 
-def proxy_setting(indexer: str) -> tuple[int, str, int]:
-    """(query groups per KV head, precision, positions per shared selection) of a ``proxy[/G[/PRECISION[/sN]]]``
-    setting name."""
+def proxy_setting(indexer: str) -> tuple[int, str, int, str]:
+    """(query groups per KV head, precision, positions per shared selection, how a run scores) of a
+    ``proxy[/G[/PRECISION[/sN[last]]]]`` setting name."""
     parts = indexer.split("/")
-    share = int(parts[3].removeprefix("s")) if len(parts) > 3 else 1
-    return int(parts[1]) if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else "fp16", share
+    shared = parts[3] if len(parts) > 3 else "s1"
+    share_score = "last" if shared.endswith("last") else "max"
+    share = int(shared.removeprefix("s").removesuffix("last"))
+    return int(parts[1]) if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else "fp16", share, share_score
 
 
 def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SETTINGS) -> list[dict]:

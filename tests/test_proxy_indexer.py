@@ -16,7 +16,7 @@ from sglang_nvfp4.indexer.proxy import round_keys_fp8, round_queries_fp8
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=18, timeout=900, run_s=115)  # the torch tests run there too
+register_module(__file__, expected_passed=20, timeout=900, run_s=115)  # the torch tests run there too
 E4M3_ONE = 0x38  # the E4M3 byte of 1.0
 
 
@@ -47,13 +47,14 @@ def random_problem(seed, hkv=2, group=4, seq_lens=(2600, 900), tokens=(30, 12)):
     return q, cache, table, req, pos
 
 
-def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1, precision="fp16", share=1):
+def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, groups=1, precision="fp16", share=1,
+                    share_score="max"):
     """The documented score one (KV head, token) at a time in float64: each of the ``groups`` fp16 means of runs
     of consecutive query heads against every key at or before the token, max per block and over the runs;
     own/sink/local forced, the rest by (score desc, id asc). ``precision="fp8"``: the means and keys rounded as
     documented first (the rounding itself is checked against hand-computed values below). ``share`` > 1 in a batch
     with more tokens than table rows: consecutive tokens of a request with the same ``pos // share`` score each
-    block by the max of their scores and select once."""
+    block by the max of their scores (``share_score="last"``: by their last token's) and select once."""
     hkv = cache.shape[1] // 2
     scores = {}  # (h, i) -> {block: score}
     for i in range(q.shape[0]):
@@ -80,7 +81,8 @@ def brute_force_f64(q, cache, table, req, pos, topk, sink_blocks, local_blocks, 
     for run in runs:
         own = int(pos[run[-1]]) // fmt.PAGE_SIZE
         for h in range(hkv):
-            score = {b: max(scores[h, i][b] for i in run) for b in range(own + 1)}
+            scorers = run if share_score == "max" else run[-1:]
+            score = {b: max(scores[h, i][b] for i in scorers) for b in range(own + 1)}
             forced = {b for b in score if b == own or b < sink_blocks or b >= own - local_blocks}
             rest = sorted((b for b in score if b not in forced), key=lambda b: (-score[b], b))
             chosen = sorted(forced | set(rest[: max(0, topk - len(forced))]))[:topk]
@@ -116,12 +118,14 @@ def test_query_groups_change_the_selection_and_must_divide_the_heads():
         select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=3)
 
 
-@pytest.mark.parametrize("share, topk, groups", [(8, 4, 1), (4, 6, None), (128, 4, 2)])
-def test_shared_selection_follows_the_documented_rule(share, topk, groups):
+@pytest.mark.parametrize("share, topk, groups, score", [(8, 4, 1, "max"), (4, 6, None, "max"), (128, 4, 2, "max"),
+                                                       (8, 4, None, "last"), (16, 6, 2, "last")])
+def test_shared_selection_follows_the_documented_rule(share, topk, groups, score):
     # three requests, their chunks starting mid-run and mid-block; the third's tokens all in one block
     q, cache, table, req, pos = prefill_problem(5, [1400, 700, 200], [1337, 645, 133])
-    got = select_blocks_proxy(q, cache, table, req, pos, topk=topk, groups=groups, share=share, impl="torch")
-    want = brute_force_f64(q, cache, table, req, pos, topk, 1, 1, groups or 4, share=share)
+    got = select_blocks_proxy(q, cache, table, req, pos, topk=topk, groups=groups, share=share, share_score=score,
+                              impl="torch")
+    want = brute_force_f64(q, cache, table, req, pos, topk, 1, 1, groups or 4, share=share, share_score=score)
     assert torch.equal(got, want)
     alone = select_blocks_proxy(q, cache, table, req, pos, topk=topk, groups=groups, impl="torch")
     assert not torch.equal(got, alone)  # the runs change selections on this problem
@@ -143,6 +147,8 @@ def test_shared_selection_leaves_decode_batches_and_checks_its_value():
             select_blocks_proxy(q, cache, table, req, pos, share=bad)
         with pytest.raises(ValueError, match=f"share={bad}"):
             ProxyIndexer(2, 5, 2, "cpu", share=bad)
+    with pytest.raises(ValueError, match="share_score='mean': expected one of \\('max', 'last'\\)"):
+        select_blocks_proxy(q, cache, table, req, pos, share=8, share_score="mean")
 
 
 def test_fp8_rounding_of_queries_and_keys_by_hand():
@@ -181,7 +187,7 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
                        select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
     selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None, "precision": "fp8",
-                 "share": 1}  # the defaults
+                 "share": 1, "share_score": "max"}  # the defaults
     assert config.indexer_kind(0, 2) == (ProxyIndexer, selection)
     assert config.indexer_state_bytes(2, 2) == StateBytes()
     grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
@@ -220,6 +226,12 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
         load_config({"NVFP4_SPARSE_PROXY_SHARE": "12"})
     with pytest.raises(ValueError, match="PROXY_SHARE=256: expected 1..128"):
         load_config({"NVFP4_SPARSE_PROXY_SHARE": "256"})
+    last = load_config({"NVFP4_SPARSE_PROXY_SHARE": "8", "NVFP4_SPARSE_PROXY_SHARE_SCORE": "last"})
+    assert last.build_indexer(2, 5, 2, "cpu").share_score == "last"
+    with pytest.raises(ValueError, match="PROXY_SHARE_SCORE=last: applies to NVFP4_SPARSE_PROXY_SHARE > 1 only"):
+        load_config({"NVFP4_SPARSE_PROXY_SHARE_SCORE": "last"})
+    with pytest.raises(ValueError, match="PROXY_SHARE_SCORE='first': expected one of \\('max', 'last'\\)"):
+        load_config({"NVFP4_SPARSE_PROXY_SHARE": "8", "NVFP4_SPARSE_PROXY_SHARE_SCORE": "first"})
 
 
 def check_kernel_on_exact_ties(device):
@@ -260,10 +272,10 @@ def check_shared_kernel(device):
 
     q, cache, table, req, pos = prefill_problem(7, [1400, 700, 200], [1337, 645, 133])
     args = [x.to(device) for x in (q, cache, table, req, pos)]
-    for share, groups in [(8, None), (16, 2)]:
-        want = select_blocks_proxy(*args, topk=6, groups=groups, share=share, impl="torch")
-        got = select_blocks_proxy(*args, topk=6, groups=groups, share=share, impl="triton")
-        assert torch.equal(got, want), (share, groups)
+    for share, groups, score in [(8, None, "max"), (16, 2, "max"), (8, None, "last")]:
+        want = select_blocks_proxy(*args, topk=6, groups=groups, share=share, share_score=score, impl="torch")
+        got = select_blocks_proxy(*args, topk=6, groups=groups, share=share, share_score=score, impl="triton")
+        assert torch.equal(got, want), (share, groups, score)
     runs = token_runs(args[3], args[4], 8, max_runs(len(q), table.shape[0], 8))
     queries = q.to(device).half()  # every head its own query: one group per head
     chunked = select_proxy_blocks(queries, *args[1:], 6, 1, 1, groups=4, runs=runs,

@@ -27,7 +27,9 @@ at most 2688), so the rounding keeps E4M3's 4 significant bits and scores keep t
 ``share`` > 1 (``NVFP4_SPARSE_PROXY_SHARE``) has runs of up to ``share`` consecutive positions of one request select
 once in prefill batches (:mod:`.rules`, "Shared selections"): a block scores the max over the run's tokens too, so
 the run attends the blocks that serve any of its tokens best. The tokens then share their pages, which the prefill
-kernels decode once per tile of tokens: fewer pages per tile, less attention time.
+kernels decode once per tile of tokens: fewer pages per tile, less attention time. With ``share_score="last"``
+(``NVFP4_SPARSE_PROXY_SHARE_SCORE``) a run selects as its last token alone would: only the runs' last tokens are
+scored, ``1 / share`` of the score products.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from .protocol import StateBytes
 from .rules import check_index_values, check_selection_settings, check_share, max_runs, shares_selections, token_runs
 from .summary import aggregate_queries, resolve_impl
 
-__all__ = ["PRECISIONS", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
+__all__ = ["PRECISIONS", "SHARE_SCORES", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
 
 PRECISIONS = ("fp16", "fp8")  # operands of the proxy's products (the module docstring)
+SHARE_SCORES = ("max", "last")  # how a run of shared selection scores a block (the module docstring)
 FP8_KEY_FACTOR = 1 / 8  # keys (e2m1 * e4m3, at most 2688) times this fit E4M3 (at most 448) with room to spare
 
 
@@ -62,11 +65,12 @@ def round_keys_fp8(keys: torch.Tensor) -> torch.Tensor:
 
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
-                        groups: int | None = 1, precision: str = "fp16", share: int = 1,
+                        groups: int | None = 1, precision: str = "fp16", share: int = 1, share_score: str = "max",
                         impl: str = "auto") -> torch.Tensor:
     """Top-``topk`` blocks per KV head and token, int32 ``[Hkv, T, topk]`` (ascending ids, then ``-1``), scored
     as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one), the
-    products' ``precision`` (``"fp16"`` or ``"fp8"``) and runs of ``share`` positions selecting once.
+    products' ``precision`` (``"fp16"`` or ``"fp8"``) and runs of ``share`` positions selecting once, scored by
+    ``share_score`` (``"max"`` or ``"last"``).
     ``q [T, H, 128]``, ``cache`` the layer's NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as
     in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
     hkv = fmt.check_cache(cache)
@@ -80,6 +84,8 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
     check_share(share)
+    if share_score not in SHARE_SCORES:
+        raise ValueError(f"share_score={share_score!r}: expected one of {SHARE_SCORES}")
     if q.device != cache.device:
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
@@ -90,6 +96,14 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
     runs = None
     if shares_selections(share, t, block_table.shape[0]):
         runs = token_runs(req, pos, share, max_runs(t, block_table.shape[0], share))
+        if share_score == "last":  # each run's last token selects alone, and its run takes the selection
+            run, run_pos = runs
+            tokens = torch.arange(t, device=pos.device)
+            last = torch.zeros_like(run_pos, dtype=torch.long).scatter_reduce_(0, run, tokens, "amax")
+            chosen = select_blocks_proxy(q[last], cache, block_table, req[last], run_pos, topk=topk,
+                                         sink_blocks=sink_blocks, local_blocks=local_blocks, groups=groups,
+                                         precision=precision, impl=impl)
+            return chosen.index_select(1, run)
     if resolve_impl(impl, q.device) == "triton":
         from ..kernels.triton_indexer import select_proxy_blocks
 
@@ -116,18 +130,20 @@ def _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, loca
 
 class ProxyIndexer:
     """:class:`~.protocol.BlockIndexer` scoring with :func:`select_blocks_proxy` (``groups`` queries per KV head,
-    ``None``: every query head; products in ``precision``; runs of ``share`` positions selecting once): no state of
-    its own."""
+    ``None``: every query head; products in ``precision``; runs of ``share`` positions selecting once, scored by
+    ``share_score``): no state of its own."""
 
     def __init__(self, num_layers: int, num_pages: int, num_kv_heads: int, device=None, *, topk: int = fmt.TOPK,
                  sink_blocks: int = 1, local_blocks: int = 1, groups: int | None = 1, precision: str = "fp16",
-                 share: int = 1):
+                 share: int = 1, share_score: str = "max"):
         check_selection_settings(topk, sink_blocks, local_blocks)
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
         check_share(share)
+        if share_score not in SHARE_SCORES:
+            raise ValueError(f"share_score={share_score!r}: expected one of {SHARE_SCORES}")
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
-        self.precision, self.share = precision, share
+        self.precision, self.share, self.share_score = precision, share, share_score
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:
@@ -148,4 +164,4 @@ class ProxyIndexer:
     def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs) -> torch.Tensor:
         return select_blocks_proxy(q, cache, block_table, req, pos, topk=self.topk, sink_blocks=self.sink_blocks,
                                    local_blocks=self.local_blocks, groups=self.groups, precision=self.precision,
-                                   share=self.share)
+                                   share=self.share, share_score=self.share_score)

@@ -20,6 +20,8 @@ variable                          default  meaning
 ``NVFP4_SPARSE_PROXY_SHARE``      1        ``proxy`` only: in prefill, runs of this many consecutive
                                            positions of a request select once (a block scores the max over
                                            the run's tokens): 1, 2, 4, ... 128
+``NVFP4_SPARSE_PROXY_SHARE_SCORE`` max     ``proxy`` with ``PROXY_SHARE`` > 1: ``max`` (every token of a run
+                                           scored) or ``last`` (the run selects as its last token alone)
 ``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16 or fp16,
                                            256 bytes a token and sparse layer, as SGLang keeps them) or
                                            ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
@@ -48,7 +50,7 @@ checkpoint's config too (:meth:`SparseConfig.check_model`); the backend checks t
 
 MiniMax-M3 checkpoints bring their own selection (:mod:`.minimax_m3`, :meth:`SparseConfig.for_model`):
 their learned indexer, top-k and forced blocks come from the checkpoint, so setting ``TOPK``,
-``SINK_BLOCKS``, ``LOCAL_BLOCKS``, ``INDEXER``, ``PROXY_GROUPS``, ``PROXY_PRECISION`` or ``PROXY_SHARE`` for one is a start-up
+``SINK_BLOCKS``, ``LOCAL_BLOCKS``, ``INDEXER`` or any ``PROXY_*`` variable for one is a start-up
 error; ``DENSE_LAYERS`` and ``KERNEL`` apply as for any model. ``INDEX_KEYS`` applies to them alone (other models
 keep no index keys: setting it for one is a start-up error).
 """
@@ -63,14 +65,14 @@ from dataclasses import dataclass
 from .. import format as fmt
 from .. import kernels
 from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIndexer
-from ..indexer.proxy import PRECISIONS
+from ..indexer.proxy import PRECISIONS, SHARE_SCORES
 from ..indexer.rules import SHARES
 from .minimax_m3 import INDEX_KEY_STORAGE, M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
 # A model's own indexer replaces these.
 _SELECTION_VARIABLES = ("TOPK", "SINK_BLOCKS", "LOCAL_BLOCKS", "INDEXER", "PROXY_GROUPS", "PROXY_PRECISION",
-                        "PROXY_SHARE")
+                        "PROXY_SHARE", "PROXY_SHARE_SCORE")
 INDEXERS = (*METHODS, "proxy")  # NVFP4_SPARSE_INDEXER: the summary methods, or the token-level proxy
 # The selection when no variable is set (the module docstring says why). format.TOPK is the kernels' narrowest
 # width (FlyDSL's only one); DEFAULT_PROXY_GROUPS None: one query per query head.
@@ -79,6 +81,7 @@ DEFAULT_INDEXER = "proxy"
 DEFAULT_PROXY_GROUPS: int | None = None
 DEFAULT_PROXY_PRECISION = "fp8"
 DEFAULT_PROXY_SHARE = 1
+DEFAULT_PROXY_SHARE_SCORE = "max"
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class SparseConfig:
     proxy_groups: int | None = DEFAULT_PROXY_GROUPS  # queries per KV head of the proxy indexer; None: every head
     proxy_precision: str = DEFAULT_PROXY_PRECISION  # operands of the proxy's score products (PRECISIONS)
     proxy_share: int = DEFAULT_PROXY_SHARE  # positions per shared selection of the proxy indexer in prefill (SHARES)
+    proxy_share_score: str = DEFAULT_PROXY_SHARE_SCORE  # how a run of shared selection scores (SHARE_SCORES)
     dense_layers: frozenset[int] | None = frozenset()  # None: every layer
     index_keys: str = "model"  # storage of a learned indexer's keys (INDEX_KEY_STORAGE)
     explicit: frozenset[str] = frozenset()  # the selection variables set in the environment
@@ -138,7 +142,7 @@ class SparseConfig:
         selection = {"topk": self.topk, "sink_blocks": self.sink_blocks, "local_blocks": self.local_blocks}
         if self.indexer == "proxy":
             return ProxyIndexer, {**selection, "groups": self.proxy_groups, "precision": self.proxy_precision,
-                                  "share": self.proxy_share}
+                                  "share": self.proxy_share, "share_score": self.proxy_share_score}
         return SummaryIndexer, {"method": self.indexer, **selection}
 
     def indexer_state_bytes(self, num_layers: int, num_kv_heads: int, start_layer: int = 0) -> StateBytes:
@@ -197,6 +201,11 @@ def load_config(env=None) -> SparseConfig:
     share = _int(env, "PROXY_SHARE", DEFAULT_PROXY_SHARE, 1, fmt.PAGE_SIZE)
     if share not in SHARES:
         raise ValueError(f"{_PREFIX}PROXY_SHARE={share}: expected one of {SHARES}")
+    share_score = (env.get(_PREFIX + "PROXY_SHARE_SCORE") or "").strip()
+    if share_score and share == 1:
+        raise ValueError(f"{_PREFIX}PROXY_SHARE_SCORE={share_score}: applies to {_PREFIX}PROXY_SHARE > 1 only")
+    if share_score and share_score not in SHARE_SCORES:
+        raise ValueError(f"{_PREFIX}PROXY_SHARE_SCORE={share_score!r}: expected one of {SHARE_SCORES}")
     raw_dense = (env.get(_PREFIX + "DENSE_LAYERS") or "").strip()
     if raw_dense == "all":
         dense = None
@@ -212,8 +221,8 @@ def load_config(env=None) -> SparseConfig:
         raise ValueError(f"{_PREFIX}INDEX_KEYS={index_keys!r}: expected one of {tuple(INDEX_KEY_STORAGE)}")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
-    return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, share, dense,
-                        index_keys, explicit)
+    return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, share,
+                        share_score or DEFAULT_PROXY_SHARE_SCORE, dense, index_keys, explicit)
 
 
 @functools.cache
