@@ -44,10 +44,9 @@ from .protocol import StateBytes
 from .rules import check_index_values, check_selection_settings, check_share, max_runs, shares_selections, token_runs
 from .summary import aggregate_queries, resolve_impl
 
-__all__ = ["PRECISIONS", "SHARE_SCORES", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
+__all__ = ["PRECISIONS", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
 
 PRECISIONS = ("fp16", "fp8")  # operands of the proxy's products (the module docstring)
-SHARE_SCORES = ("max", "last")  # how a run of shared selection scores a block (the module docstring)
 FP8_KEY_FACTOR = 1 / 8  # keys (e2m1 * e4m3, at most 2688) times this fit E4M3 (at most 448) with room to spare
 
 
@@ -83,9 +82,7 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
         raise ValueError(f"groups={groups}: must divide the {group} query heads per KV head")
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
-    check_share(share)
-    if share_score not in SHARE_SCORES:
-        raise ValueError(f"share_score={share_score!r}: expected one of {SHARE_SCORES}")
+    check_share(share, share_score)
     if q.device != cache.device:
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
@@ -139,9 +136,7 @@ class ProxyIndexer:
         check_selection_settings(topk, sink_blocks, local_blocks)
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
-        check_share(share)
-        if share_score not in SHARE_SCORES:
-            raise ValueError(f"share_score={share_score!r}: expected one of {SHARE_SCORES}")
+        check_share(share, share_score)
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
         self.precision, self.share, self.share_score = precision, share, share_score
 

@@ -11,10 +11,11 @@ then ``-1`` padding.
 
 **Shared selections** (the proxy indexer's ``share``, :func:`token_runs`): in a batch with more tokens than
 block-table rows (prefill, extend), consecutive tokens of one request whose positions have the same ``pos //
-share`` form a run, and a run selects once: each block scores the max of its tokens' scores, and the rule above
-chooses for the run's last position. ``share`` divides 128, so a run's tokens have one own block, the same
-sink and local blocks and the same visible blocks: every token of the run gets exactly the run's selection. A batch
-of at most one token per row (decode) selects per token.
+share`` form a run, and a run selects once: each block scores the max of its tokens' scores (``share_score``
+``"max"``) or its last token's score (``"last"``), and the rule above chooses for the run's last position.
+``share`` divides 128, so a run's tokens have one own block, the same sink and local blocks and the same visible
+blocks: every token of the run gets exactly the run's selection. A batch of at most one token per row (decode)
+selects per token.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ def check_selection_settings(topk: int, sink_blocks: int, local_blocks: int) -> 
 
 
 SHARES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per shared selection: powers of two dividing the block
+SHARE_SCORES = ("max", "last")  # how a run scores a block: the max over its tokens, or its last token's score
 
 
-def check_share(share: int) -> None:
-    """``ValueError`` unless ``share`` is one of :data:`SHARES`."""
+def check_share(share: int, share_score: str = "max") -> None:
+    """``ValueError`` unless ``share`` is one of :data:`SHARES` and ``share_score`` one of :data:`SHARE_SCORES`."""
     if share not in SHARES:
         raise ValueError(f"share={share}: expected one of {SHARES} (a power of two dividing {fmt.PAGE_SIZE})")
+    if share_score not in SHARE_SCORES:
+        raise ValueError(f"share_score={share_score!r}: expected one of {SHARE_SCORES}")
 
 
 def shares_selections(share: int, num_tokens: int, num_rows: int) -> bool:

@@ -1,38 +1,38 @@
 """Backend configuration from environment variables (prefix ``NVFP4_SPARSE_``), resolved once per process
 (:func:`startup_config`) and handed to the pool sizing and the backend.
 
-================================  =======  ==========================================================
-variable                          default  meaning
-================================  =======  ==========================================================
-``NVFP4_SPARSE_TOPK``             16       blocks of 128 keys attended per KV head and token (1..64;
-                                           above 16, FlyDSL layers fall back to Triton)
-``NVFP4_SPARSE_SINK_BLOCKS``      1        leading blocks every token always attends
-``NVFP4_SPARSE_LOCAL_BLOCKS``     1        blocks just before the token's own that it always attends
-``NVFP4_SPARSE_INDEXER``          proxy    training-free block scoring: ``proxy`` (queries against every
-                                           cached key, max-pooled per block: MiniMax-M3's scoring
-                                           without its learned projection), ``quest`` (per-dim min/max
-                                           bound per block) or ``mean`` (mean key per block)
-``NVFP4_SPARSE_PROXY_GROUPS``     all      ``proxy`` only: queries per KV head, each the mean of a run of
-                                           consecutive query heads (a block scores the max over them);
-                                           ``all``: every query head is one
-``NVFP4_SPARSE_PROXY_PRECISION``  fp8      ``proxy`` only: operands of its score products, ``fp8`` or
-                                           ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
-``NVFP4_SPARSE_PROXY_SHARE``      1        ``proxy`` only: in prefill, runs of this many consecutive
-                                           positions of a request select once (a block scores the max over
-                                           the run's tokens): 1, 2, 4, ... 128
-``NVFP4_SPARSE_PROXY_SHARE_SCORE`` max     ``proxy`` with ``PROXY_SHARE`` > 1: ``max`` (every token of a run
-                                           scored) or ``last`` (the run selects as its last token alone)
-``NVFP4_SPARSE_INDEX_KEYS``       model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16 or fp16,
-                                           256 bytes a token and sparse layer, as SGLang keeps them) or
-                                           ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
-                                           :func:`sglang_nvfp4.indexer.fp8.quantize_rows`)
-``NVFP4_SPARSE_DENSE_LAYERS``     (none)   comma-separated layer ids that attend every visible block
-                                           (dense attention over the NVFP4 cache), or ``all``
-``NVFP4_SPARSE_KERNEL``           (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill and decode) or
-                                           ``flydsl`` kernels; validated here, read by the pool's cache
-                                           writer at start-up and by the kernel dispatcher when a forward
-                                           is planned
-================================  =======  ==========================================================
+==================================  =======  ==========================================================
+variable                            default  meaning
+==================================  =======  ==========================================================
+``NVFP4_SPARSE_TOPK``               16       blocks of 128 keys attended per KV head and token (1..64;
+                                             above 16, FlyDSL layers fall back to Triton)
+``NVFP4_SPARSE_SINK_BLOCKS``        1        leading blocks every token always attends
+``NVFP4_SPARSE_LOCAL_BLOCKS``       1        blocks just before the token's own that it always attends
+``NVFP4_SPARSE_INDEXER``            proxy    training-free block scoring: ``proxy`` (queries against every
+                                             cached key, max-pooled per block: MiniMax-M3's scoring
+                                             without its learned projection), ``quest`` (per-dim min/max
+                                             bound per block) or ``mean`` (mean key per block)
+``NVFP4_SPARSE_PROXY_GROUPS``       all      ``proxy`` only: queries per KV head, each the mean of a run of
+                                             consecutive query heads (a block scores the max over them);
+                                             ``all``: every query head is one
+``NVFP4_SPARSE_PROXY_PRECISION``    fp8      ``proxy`` only: operands of its score products, ``fp8`` or
+                                             ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
+``NVFP4_SPARSE_PROXY_SHARE``        1        ``proxy`` only: in prefill, runs of this many consecutive
+                                             positions of a request select once (a block scores the max over
+                                             the run's tokens): 1, 2, 4, ... 128
+``NVFP4_SPARSE_PROXY_SHARE_SCORE``  max      ``proxy`` with ``PROXY_SHARE`` > 1: ``max`` (every token of a run
+                                             scored) or ``last`` (the run selects as its last token alone)
+``NVFP4_SPARSE_INDEX_KEYS``         model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16 or fp16,
+                                             256 bytes a token and sparse layer, as SGLang keeps them) or
+                                             ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
+                                             :func:`sglang_nvfp4.indexer.fp8.quantize_rows`)
+``NVFP4_SPARSE_DENSE_LAYERS``       (none)   comma-separated layer ids that attend every visible block
+                                             (dense attention over the NVFP4 cache), or ``all``
+``NVFP4_SPARSE_KERNEL``             (auto)   force ``reference``, ``triton``, ``gluon`` (Hopper prefill and decode) or
+                                             ``flydsl`` kernels; validated here, read by the pool's cache
+                                             writer at start-up and by the kernel dispatcher when a forward
+                                             is planned
+==================================  =======  ==========================================================
 
 The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
 model's answers within 3 points of dense ``triton`` at 4K-32K on both task families: at most 1.0 point below
@@ -65,8 +65,8 @@ from dataclasses import dataclass
 from .. import format as fmt
 from .. import kernels
 from ..indexer import METHODS, BlockIndexer, ProxyIndexer, StateBytes, SummaryIndexer
-from ..indexer.proxy import PRECISIONS, SHARE_SCORES
-from ..indexer.rules import SHARES
+from ..indexer.proxy import PRECISIONS
+from ..indexer.rules import SHARE_SCORES, SHARES
 from .minimax_m3 import INDEX_KEY_STORAGE, M3Sparsity, m3_sparsity
 
 _PREFIX = "NVFP4_SPARSE_"
