@@ -87,9 +87,6 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
         raise ValueError(f"q: on {q.device}, cache on {cache.device}")
     if t == 0:
         return torch.empty(hkv, 0, topk, dtype=torch.int32, device=q.device)
-    # [T, Hkv * groups, 128] fp16: means of runs of consecutive heads; one run per head is the query itself (the
-    # same fp16 values without the averaging pass: 2 ms at 32K tokens of 64 heads on the H200)
-    queries = q.to(torch.float16) if groups == group else aggregate_queries(q, hkv * groups, "mean")
     runs = None
     if shares_selections(share, t, block_table.shape[0]):
         runs = token_runs(req, pos, share, max_runs(t, block_table.shape[0], share))
@@ -101,6 +98,9 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
                                          sink_blocks=sink_blocks, local_blocks=local_blocks, groups=groups,
                                          precision=precision, impl=impl)
             return chosen.index_select(1, run)
+    # [T, Hkv * groups, 128] fp16: means of runs of consecutive heads; one run per head is the query itself (the
+    # same fp16 values without the averaging pass: 2 ms at 32K tokens of 64 heads on the H200)
+    queries = q.to(torch.float16) if groups == group else aggregate_queries(q, hkv * groups, "mean")
     if resolve_impl(impl, q.device) == "triton":
         from ..kernels.triton_indexer import select_proxy_blocks
 
