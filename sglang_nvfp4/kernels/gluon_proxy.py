@@ -143,7 +143,20 @@ def _pass_bounds(p, live, req, pos, one_request, first, BLOCKS: gl.constexpr, TI
 
 
 @gluon.jit
-def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS: gl.constexpr):
+def _program_item(num_cols, HKV: gl.constexpr, BLOCKS: gl.constexpr):
+    """``(tile, first block, KV head)`` of this program. Program ids run over the KV heads first, then the chunks of
+    ``BLOCKS`` blocks, then the tiles, from the last tile (the most visible blocks) to the first: the hardware starts
+    programs in id order, so the longest start first, every KV head's together, and the last wave holds the shortest.
+    That matters on grids of few waves, e.g. 512 programs for a 32K prefill scored once per run of 8 tokens."""
+    chunks = gl.cdiv(num_cols, BLOCKS)
+    num_tiles = gl.num_programs(0) // (chunks * HKV)
+    pid = gl.program_id(0)
+    rest = pid // HKV
+    return num_tiles - 1 - rest // chunks, (rest % chunks) * BLOCKS, pid % HKV
+
+
+@gluon.jit
+def _producer(item, ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS: gl.constexpr):
     """Decodes the key page of every block the tile's passes visit into the ring (one warpgroup).
 
     Each page's loads are issued right after the previous page's hand-off, so they land while the producer waits
@@ -151,10 +164,8 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, BLOCKS
     before it would stall it)."""
     cache_ptr, block_table_ptr, req_ptr, pos_ptr = ptrs
     k_bufs, ready, empty = bufs
-    T, num_tiles, stride_br, stride_bs = sizes
-    tile = num_tiles - 1 - gl.program_id(0)
-    first = gl.program_id(1) * BLOCKS
-    kv_head = gl.program_id(2)
+    T, stride_br, stride_bs = sizes
+    tile, first, kv_head = item
     WARPS: gl.constexpr = gl.num_warps()
     token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, TILE_T, token_layout)
@@ -228,7 +239,7 @@ def _store_block_maxima(s, b, unscale, own, token0, scores_ptr, T, kv_head, num_
 
 
 @gluon.jit
-def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
+def _consumer(half, item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
               BLOCKS: gl.constexpr, SUBTILES: gl.constexpr):
     """Consumer ``half`` (0 or 1): tokens ``half * SUBTILES * TOKENS ..`` of the tile, as ``SUBTILES`` (2 or 4)
     subtiles of ``TOKENS`` tokens (``ROWS`` rows each), one warpgroup. The subtiles take the products of each key
@@ -236,10 +247,8 @@ def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TO
     fits the registers."""
     queries_ptr, scores_ptr, req_ptr, pos_ptr = ptrs
     q_smem, k_bufs, ready, empty = bufs
-    T, num_tiles, num_cols, HKV = sizes
-    tile = num_tiles - 1 - gl.program_id(0)
-    first = gl.program_id(1) * BLOCKS
-    kv_head = gl.program_id(2)
+    T, num_cols, HKV = sizes
+    tile, first, kv_head = item
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
     token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -286,10 +295,10 @@ def _consumer(half, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TO
 
 
 @gluon.jit
-def _consumer_worker(ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
+def _consumer_worker(item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
                      BLOCKS: gl.constexpr, SUBTILES: gl.constexpr):
     """The second consumer, as a worker partition (the first is the default partition)."""
-    _consumer(1, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS, SUBTILES)
+    _consumer(1, item, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS, SUBTILES)
 
 
 @gluon.jit
@@ -299,7 +308,7 @@ def _ws_proxy_scores_kernel(
     HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
     SUBTILES: gl.constexpr,
 ):
-    num_tiles = gl.num_programs(0)
+    item = _program_item(num_cols, HKV, BLOCKS)
     ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float8e4nv)
     k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], ring_layout)
@@ -312,14 +321,14 @@ def _ws_proxy_scores_kernel(
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
 
     consumer_ptrs = (queries_ptr, scores_ptr, req_ptr, pos_ptr)
-    consumer_sizes = (T, num_tiles, num_cols, HKV)
+    consumer_sizes = (T, num_cols, HKV)
     gl.warp_specialize([
-        (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS,
+        (_consumer, (0, item, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS,
                      SUBTILES)),
-        (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
+        (_consumer_worker, (item, consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
                             BLOCKS, SUBTILES)),
-        (_producer, ((cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
-                     (T, num_tiles, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
+        (_producer, (item, (cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
+                     (T, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -344,7 +353,7 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
         blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
-    _ws_proxy_scores_kernel[(tiles, triton.cdiv(cols, blocks), hkv)](
+    _ws_proxy_scores_kernel[(tiles * triton.cdiv(cols, blocks) * hkv,)](
         queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
         HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
         BLOCKS=blocks, SUBTILES=subtiles,
