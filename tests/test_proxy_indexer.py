@@ -136,6 +136,23 @@ def test_shared_selection_follows_the_documented_rule(share, topk, groups, score
         assert torch.equal(rows, rows[:, :1].expand_as(rows))
 
 
+def test_token_runs_by_hand():
+    from sglang_nvfp4.indexer.rules import at_run_ends, max_runs, token_runs
+
+    # request 0: positions 6..12 (runs of 4: 6-7, 8-11, 12); request 1: positions 3..5 (runs 3, 4-5)
+    req = torch.tensor([0] * 7 + [1] * 3, dtype=torch.int32)
+    pos = torch.tensor([6, 7, 8, 9, 10, 11, 12, 3, 4, 5], dtype=torch.int32)
+    runs = max_runs(10, 2, 4)  # 10 // 4 + 2 * 2 = 6
+    run, run_pos = token_runs(req, pos, 4, runs)
+    assert run.tolist() == [0, 0, 1, 1, 1, 1, 2, 3, 4, 4]
+    assert run_pos.tolist() == [7, 11, 12, 3, 5, 0]  # the unused run holds 0
+    assert at_run_ends(run, torch.arange(10), runs).tolist() == [1, 5, 6, 7, 9, 0]
+    # a buffer of 2 runs: the tokens past it join the last run, which ends at the batch's last token
+    run, run_pos = token_runs(req, pos, 4, 2)
+    assert run.tolist() == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert run_pos.tolist() == [7, 5]
+
+
 def test_shared_selection_leaves_decode_batches_and_checks_its_value():
     # one token per table row (decode): each token selects alone whatever share says
     q, cache, table, req, pos = exact_problem(6, [2600, 2500, 1300], [1, 1, 1])

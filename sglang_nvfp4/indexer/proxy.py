@@ -41,7 +41,8 @@ from ..reference import check_queries, check_token_metadata
 from .fp8 import round_rows
 from .learned import select_by_max_pooled_keys
 from .protocol import StateBytes
-from .rules import check_index_values, check_selection_settings, check_share, max_runs, shares_selections, token_runs
+from .rules import (at_run_ends, check_index_values, check_selection_settings, check_share, max_runs, shares_selections,
+                    token_runs)
 from .summary import aggregate_queries, resolve_impl
 
 __all__ = ["PRECISIONS", "ProxyIndexer", "round_keys_fp8", "round_queries_fp8", "select_blocks_proxy"]
@@ -92,8 +93,7 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
         runs = token_runs(req, pos, share, max_runs(t, block_table.shape[0], share))
         if share_score == "last":  # each run's last token selects alone, and its run takes the selection
             run, run_pos = runs
-            tokens = torch.arange(t, device=pos.device)
-            last = torch.zeros_like(run_pos, dtype=torch.long).scatter_reduce_(0, run, tokens, "amax")
+            last = at_run_ends(run, torch.arange(t, device=pos.device), run_pos.shape[0])
             chosen = select_blocks_proxy(q[last], cache, block_table, req[last], run_pos, topk=topk,
                                          sink_blocks=sink_blocks, local_blocks=local_blocks, groups=groups,
                                          precision=precision, impl=impl)
