@@ -204,12 +204,12 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
                        select_blocks_proxy(q, cache, table, req, pos, topk=8, sink_blocks=1, local_blocks=1))
     config = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_TOPK": "8"})
     selection = {"topk": 8, "sink_blocks": 1, "local_blocks": 1, "groups": None, "precision": "fp8",
-                 "share": 1, "share_score": "max"}  # the defaults
+                 "share": 8, "share_score": "last"}  # the defaults
     assert config.indexer_kind(0, 2) == (ProxyIndexer, selection)
     assert config.indexer_state_bytes(2, 2) == StateBytes()
     grouped = load_config({"NVFP4_SPARSE_INDEXER": "proxy", "NVFP4_SPARSE_PROXY_GROUPS": "4"})
     grouped = grouped.build_indexer(2, 5, 2, "cpu")
-    want = select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=4)
+    want = select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=4, share=8, share_score="last")
     assert grouped.groups == 4 and torch.equal(grouped.select(0, q, cache, table, req, pos), want)
     assert load_config({"NVFP4_SPARSE_PROXY_GROUPS": "2"}).proxy_groups == 2  # proxy is the default indexer
     with pytest.raises(ValueError, match="PROXY_GROUPS=2: applies to NVFP4_SPARSE_INDEXER=proxy only"):
@@ -221,7 +221,8 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     fp16 = load_config({"NVFP4_SPARSE_PROXY_PRECISION": "fp16"}).build_indexer(2, 5, 2, "cpu")
     assert fp16.precision == "fp16" and torch.equal(
         fp16.select(0, q, cache, table, req, pos),
-        select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=None, precision="fp16"))
+        select_blocks_proxy(q, cache, table, req, pos, topk=DEFAULT_TOPK, groups=None, precision="fp16", share=8,
+                            share_score="last"))
     with pytest.raises(ValueError, match="PROXY_PRECISION=fp8: applies to NVFP4_SPARSE_INDEXER=proxy only"):
         load_config({"NVFP4_SPARSE_INDEXER": "quest", "NVFP4_SPARSE_PROXY_PRECISION": "fp8"})
     with pytest.raises(ValueError, match="PROXY_PRECISION='bf16': expected one of \\('fp16', 'fp8'\\)"):
@@ -246,7 +247,21 @@ def test_proxy_indexer_keeps_no_state_and_is_configurable():
     last = load_config({"NVFP4_SPARSE_PROXY_SHARE": "8", "NVFP4_SPARSE_PROXY_SHARE_SCORE": "last"})
     assert last.build_indexer(2, 5, 2, "cpu").share_score == "last"
     with pytest.raises(ValueError, match="PROXY_SHARE_SCORE=last: applies to NVFP4_SPARSE_PROXY_SHARE > 1 only"):
-        load_config({"NVFP4_SPARSE_PROXY_SHARE_SCORE": "last"})
+        load_config({"NVFP4_SPARSE_PROXY_SHARE": "1", "NVFP4_SPARSE_PROXY_SHARE_SCORE": "last"})
+    with pytest.raises(ValueError, match="PROXY_SHARE_SCORE=max: applies to NVFP4_SPARSE_INDEXER=proxy only"):
+        load_config({"NVFP4_SPARSE_INDEXER": "quest", "NVFP4_SPARSE_PROXY_SHARE_SCORE": "max"})
+    # the default: runs of 8 scored by their last token; PROXY_SHARE=1 selects per token (top-4 on a problem where
+    # the two differ)
+    q, cache, table, req, pos = prefill_problem(5, [1400, 700, 200], [1337, 645, 133])
+    default = load_config({"NVFP4_SPARSE_TOPK": "4"}).build_indexer(2, 5, 2, "cpu")
+    assert (default.share, default.share_score) == (8, "last") and torch.equal(
+        default.select(0, q, cache, table, req, pos),
+        select_blocks_proxy(q, cache, table, req, pos, topk=4, groups=None, precision="fp8", share=8,
+                            share_score="last"))
+    per_token = load_config({"NVFP4_SPARSE_TOPK": "4", "NVFP4_SPARSE_PROXY_SHARE": "1"}).build_indexer(2, 5, 2, "cpu")
+    assert (per_token.share, per_token.share_score) == (1, "max")
+    assert not torch.equal(per_token.select(0, q, cache, table, req, pos), default.select(0, q, cache, table, req, pos))
+    assert load_config({"NVFP4_SPARSE_PROXY_SHARE_SCORE": "max"}).build_indexer(2, 5, 2, "cpu").share_score == "max"
     with pytest.raises(ValueError, match="PROXY_SHARE_SCORE='first': expected one of \\('max', 'last'\\)"):
         load_config({"NVFP4_SPARSE_PROXY_SHARE": "8", "NVFP4_SPARSE_PROXY_SHARE_SCORE": "first"})
 

@@ -556,6 +556,7 @@ def test_request_inputs_that_crash_sglang_are_refused():
 def test_configuration_defaults_and_values():
     cfg = load_config({})
     assert (cfg.topk, cfg.sink_blocks, cfg.local_blocks, cfg.indexer, cfg.proxy_groups) == (16, 1, 1, "proxy", None)
+    assert (cfg.proxy_precision, cfg.proxy_share, cfg.proxy_share_score) == ("fp8", 8, "last")
     assert not cfg.is_dense_layer(0)
     cfg = load_config({"NVFP4_SPARSE_TOPK": "8", "NVFP4_SPARSE_DENSE_LAYERS": "0,2", "NVFP4_SPARSE_INDEXER": "mean"})
     assert cfg.topk == 8 and cfg.is_dense_layer(2) and not cfg.is_dense_layer(1) and cfg.indexer == "mean"

@@ -17,11 +17,12 @@ variable                            default  meaning
                                              ``all``: every query head is one
 ``NVFP4_SPARSE_PROXY_PRECISION``    fp8      ``proxy`` only: operands of its score products, ``fp8`` or
                                              ``fp16`` (fp8: E4M3-rounded queries and keys, fp8 tensor cores)
-``NVFP4_SPARSE_PROXY_SHARE``        1        ``proxy`` only: in prefill, runs of this many consecutive
-                                             positions of a request select once (a block scores the max over
-                                             the run's tokens): 1, 2, 4, ... 128
-``NVFP4_SPARSE_PROXY_SHARE_SCORE``  max      ``proxy`` with ``PROXY_SHARE`` > 1: ``max`` (every token of a run
-                                             scored) or ``last`` (the run selects as its last token alone)
+``NVFP4_SPARSE_PROXY_SHARE``        8        ``proxy`` only: in prefill, runs of this many consecutive
+                                             positions of a request select once: 1 (every token selects
+                                             alone), 2, 4, ... 128
+``NVFP4_SPARSE_PROXY_SHARE_SCORE``  last     ``proxy`` with ``PROXY_SHARE`` > 1: ``last`` (the run selects as
+                                             its last token alone) or ``max`` (every token of a run scored, a
+                                             block scores the max over them)
 ``NVFP4_SPARSE_INDEX_KEYS``         model    MiniMax-M3 only: its index keys in the ``model`` dtype (bf16 or fp16,
                                              256 bytes a token and sparse layer, as SGLang keeps them) or
                                              ``fp8`` (E4M3 and one exponent byte per key, 129 bytes;
@@ -37,10 +38,14 @@ variable                            default  meaning
 The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
 model's answers within 3 points of dense ``triton`` at 4K-32K on both task families: at most 1.0 point below
 (``pair`` at 32K) over 200 prompts per length, where the previous default (top-32 ``quest``) lost 25 (``single``) and
-43 (``pair``) points at 32K. Its fp8 scores gave the same correctness as fp16 on those 800 prompts. They cost 2.7x
-top-16 ``quest`` in prefill indexer + attention time at 32K (64/4 heads, random data; about dense SDPA's time) and
-4.5x in decode at batch 256: the score is every query head against every key
-(``bench/results/quality_selection_model_h200.md``).
+43 (``pair``) points at 32K. Its fp8 scores gave the same correctness as fp16 on those 800 prompts. The score is every
+query head against every key (``bench/results/quality_selection_model_h200.md``), so in prefill runs of 8 positions
+select once, as their last token would (since 2026-12-06): the same answers as every token selecting alone on two
+sets of 800 prompts (-0.1 and +0.0 points against dense, like per-token selection), 1/8 of the score products, and
+8 tokens that attend the same pages, which the prefill kernels decode once per tile of 8 tokens. Selection +
+attention at 32K (64/4 heads, random data, one H100) 1.3 + 4.6 ms against 8.4 + 13.8 per token (dense SDPA 28),
+and ``one_batch`` prefill 1.99x FlashInfer end to end (``bench/results/shared_selection_h100.md``). Decode selects per
+token.
 
 A token's own block is always selected, and a token with at most ``TOPK`` visible blocks attends
 all of them, so prompts up to ``TOPK * 128`` tokens are exactly dense in every layer. Bad values
@@ -80,8 +85,8 @@ DEFAULT_TOPK = 16
 DEFAULT_INDEXER = "proxy"
 DEFAULT_PROXY_GROUPS: int | None = None
 DEFAULT_PROXY_PRECISION = "fp8"
-DEFAULT_PROXY_SHARE = 1
-DEFAULT_PROXY_SHARE_SCORE = "max"
+DEFAULT_PROXY_SHARE = 8
+DEFAULT_PROXY_SHARE_SCORE = "last"
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,9 @@ def load_config(env=None) -> SparseConfig:
     if share not in SHARES:
         raise ValueError(f"{_PREFIX}PROXY_SHARE={share}: expected one of {SHARES}")
     share_score = (env.get(_PREFIX + "PROXY_SHARE_SCORE") or "").strip()
+    if share_score and indexer != "proxy":
+        raise ValueError(f"{_PREFIX}PROXY_SHARE_SCORE={share_score}: applies to {_PREFIX}INDEXER=proxy only "
+                         f"(got {indexer!r})")
     if share_score and share == 1:
         raise ValueError(f"{_PREFIX}PROXY_SHARE_SCORE={share_score}: applies to {_PREFIX}PROXY_SHARE > 1 only")
     if share_score and share_score not in SHARE_SCORES:
@@ -221,8 +229,10 @@ def load_config(env=None) -> SparseConfig:
         raise ValueError(f"{_PREFIX}INDEX_KEYS={index_keys!r}: expected one of {tuple(INDEX_KEY_STORAGE)}")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
+    # PROXY_SHARE=1: every token selects alone, and scores every token ("max" of one)
+    share_score = share_score or (DEFAULT_PROXY_SHARE_SCORE if share > 1 else "max")
     return SparseConfig(topk, sink, local, indexer, proxy_groups, precision or DEFAULT_PROXY_PRECISION, share,
-                        share_score or DEFAULT_PROXY_SHARE_SCORE, dense, index_keys, explicit)
+                        share_score, dense, index_keys, explicit)
 
 
 @functools.cache
