@@ -175,6 +175,15 @@ def _int(env, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
+def _proxy_variable(env, name: str, indexer: str) -> str:
+    """The stripped value of ``NVFP4_SPARSE_<name>`` ('' when unset), a ``PROXY_*`` variable: ``ValueError`` when it
+    is set for another indexer than ``proxy``."""
+    raw = (env.get(_PREFIX + name) or "").strip()
+    if raw and indexer != "proxy":
+        raise ValueError(f"{_PREFIX}{name}={raw}: applies to {_PREFIX}INDEXER=proxy only (got {indexer!r})")
+    return raw
+
+
 def load_config(env=None) -> SparseConfig:
     """Read and validate the ``NVFP4_SPARSE_*`` variables from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
@@ -184,32 +193,21 @@ def load_config(env=None) -> SparseConfig:
     indexer = env.get(_PREFIX + "INDEXER") or DEFAULT_INDEXER
     if indexer not in INDEXERS:
         raise ValueError(f"{_PREFIX}INDEXER={indexer!r}: expected one of {INDEXERS}")
-    raw_groups = (env.get(_PREFIX + "PROXY_GROUPS") or "").strip()
-    if raw_groups and indexer != "proxy":
-        raise ValueError(f"{_PREFIX}PROXY_GROUPS={raw_groups}: applies to {_PREFIX}INDEXER=proxy only "
-                         f"(got {indexer!r})")
+    raw_groups = _proxy_variable(env, "PROXY_GROUPS", indexer)
     if raw_groups == "all" or not raw_groups:
         proxy_groups = None if raw_groups == "all" else DEFAULT_PROXY_GROUPS
     elif not raw_groups.isdigit():
         raise ValueError(f"{_PREFIX}PROXY_GROUPS={raw_groups!r}: expected 'all' or an integer 1..64")
     else:
         proxy_groups = _int(env, "PROXY_GROUPS", 1, 1, 64)
-    precision = (env.get(_PREFIX + "PROXY_PRECISION") or "").strip()
-    if precision and indexer != "proxy":
-        raise ValueError(f"{_PREFIX}PROXY_PRECISION={precision}: applies to {_PREFIX}INDEXER=proxy only "
-                         f"(got {indexer!r})")
+    precision = _proxy_variable(env, "PROXY_PRECISION", indexer)
     if precision and precision not in PRECISIONS:
         raise ValueError(f"{_PREFIX}PROXY_PRECISION={precision!r}: expected one of {PRECISIONS}")
-    raw_share = (env.get(_PREFIX + "PROXY_SHARE") or "").strip()
-    if raw_share and indexer != "proxy":
-        raise ValueError(f"{_PREFIX}PROXY_SHARE={raw_share}: applies to {_PREFIX}INDEXER=proxy only (got {indexer!r})")
+    _proxy_variable(env, "PROXY_SHARE", indexer)
     share = _int(env, "PROXY_SHARE", DEFAULT_PROXY_SHARE, 1, fmt.PAGE_SIZE)
     if share not in SHARES:
         raise ValueError(f"{_PREFIX}PROXY_SHARE={share}: expected one of {SHARES}")
-    share_score = (env.get(_PREFIX + "PROXY_SHARE_SCORE") or "").strip()
-    if share_score and indexer != "proxy":
-        raise ValueError(f"{_PREFIX}PROXY_SHARE_SCORE={share_score}: applies to {_PREFIX}INDEXER=proxy only "
-                         f"(got {indexer!r})")
+    share_score = _proxy_variable(env, "PROXY_SHARE_SCORE", indexer)
     if share_score and share == 1:
         raise ValueError(f"{_PREFIX}PROXY_SHARE_SCORE={share_score}: applies to {_PREFIX}PROXY_SHARE > 1 only")
     if share_score and share_score not in SHARE_SCORES:
