@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=36, timeout=1200, run_s=122)  # the tests defined under ``if INTERPRETED``
+register_module(__file__, expected_passed=39, timeout=1200, run_s=125)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
@@ -306,6 +306,23 @@ if INTERPRETED:
         k, v = _write_inputs(hkv, n, hkv, dtype)
         kernels.write_kv(cache, slots, k, v, k_scale, v_scale)
         fmt.write_kv(want, slots, k, v, k_scale, v_scale)
+        assert torch.equal(cache, want)
+
+    @pytest.mark.parametrize("slots", [
+        list(range(130, 170)),  # one request from an even slot: every token in an aligned pair (whole bytes)
+        list(range(131, 171)),  # from an odd slot: no aligned pair, every byte by nibbles, both parities
+        # runs from odd and even batch indices, a reversed pair (5, 4), padding, a run across pages
+        list(range(131, 150)) + list(range(300, 321)) + [-1, 5, 4, 254, 255, 256, 257],
+    ])
+    def test_write_kv_aligned_pairs_and_the_rest(forced_triton, slots):
+        gen = torch.Generator().manual_seed(len(slots))
+        cache = fmt.alloc_cache(6, 2).random_(0, 256, generator=gen)
+        want = cache.clone()
+        slots = torch.tensor(slots)
+        k, v = _write_inputs(9, len(slots), 2, torch.bfloat16)
+        kernels.write_kv(cache, slots, k, v, 0.5, torch.tensor(2.0))
+        keep = slots >= 0
+        fmt.write_kv(want, slots[keep], k[keep], v[keep], 0.5, 2.0)
         assert torch.equal(cache, want)
 
     def test_write_kv_in_one_launch_when_no_two_slots_share_a_byte(forced_triton):

@@ -8,13 +8,22 @@ Exactness: every fp32 step is the reference's, with correctly rounded divisions 
 E2M1 by the reference's own thresholds (``format.E2M1_THRESHOLDS``), and the scale divisor is the
 exact decoded scale.
 
-A V byte holds two tokens (even token low nibble, odd token high nibble), so tokens are written in
-two launches, even rows then odd rows: inside a launch no two programs touch the same byte, and the
-read-modify-write of a byte keeps the neighbour's nibble. A caller that knows no two of its slots share
-a V byte (``slot // 2`` distinct: a decode step, one token per request on its own pages) asks for one
-launch (``one_token_per_byte``). K and V are written by separate programs (grid axis 2): decode writes a
-few tokens, so a launch's time is one program's chain of loads, quantization and stores. Negative slots
-are skipped (padding).
+A V byte holds two tokens (even slot in the low nibble, odd slot in the high one). A prefill writes both
+tokens of most bytes in one call, consecutive in the batch; a read-modify-write of each nibble by two programs
+would race. So a prefill write takes up to three launches (:func:`launch`):
+
+1. K of every token, and V of the **aligned pairs**: batch tokens ``2i, 2i + 1`` holding slots ``2b, 2b + 1``
+   (one program holds both, so it writes byte ``b`` whole, with no read). A request whose first slot has the
+   parity of its first batch index is all pairs: every request that starts a page, e.g. each one of a batch
+   without cached prefixes of odd length.
+2. and 3. V of the other tokens (a lone token, or a pair the batch order does not align), slots of even then odd
+   parity, each nibble read, modified and written: inside a launch no two programs touch the same byte, and the
+   byte's other nibble survives. Programs without such a token store nothing.
+
+A caller that knows no two of its slots share a V byte (``slot // 2`` distinct: a decode step, one token per
+request on its own pages) asks for one launch (``one_token_per_byte``): K, and V by read-modify-write. K and V
+are written by separate programs (grid axis 2): decode writes a few tokens, so a launch's time is one program's
+chain of loads, quantization and stores. Negative slots are skipped (padding).
 """
 
 from __future__ import annotations
@@ -45,9 +54,8 @@ E4M3_MAX = tl.constexpr(fmt.E4M3_MAX)
 (_T0, _U0), (_T1, _U1), (_T2, _U2), (_T3, _U3), (_T4, _U4), (_T5, _U5), (_T6, _U6) = (
     (tl.constexpr(t), tl.constexpr(up)) for t, up in fmt.E2M1_THRESHOLDS
 )
-TOKENS_PER_PROGRAM = 16
+TOKENS_PER_PROGRAM = 16  # even: a program holds both tokens of each aligned pair
 ANY_PARITY = tl.constexpr(2)  # a PARITY that writes every slot
-
 
 @triton.jit
 def _past(a, THRESHOLD: tl.constexpr, TIE_UP: tl.constexpr):
@@ -103,57 +111,113 @@ def quantize_rows(x, gs):
 
 
 @triton.jit
+def _write_k_rows(cache_ptr, k_ptr, k_scale, n, slot, active, stride_kn, stride_kh, kv_head,
+                  HKV: tl.constexpr, K_SCALE_BY_POINTER: tl.constexpr):
+    """K of the ``active`` tokens ``n`` (int32 ``[BLOCK_N]``) at ``slot``: row ``slot % 128`` of the head's K block,
+    codes then scales (whole bytes: a K row is one token's)."""
+    dims = tl.arange(0, HEAD_DIM)
+    k_block = (slot // PAGE) * (2 * HKV * BLOCK_BYTES) + kv_head * BLOCK_BYTES
+    x = tl.load(k_ptr + n.to(tl.int64)[:, None] * stride_kn + kv_head * stride_kh + dims[None, :],
+                mask=active[:, None], other=0.0).to(tl.float32)
+    codes, scales = quantize_rows(x, global_scale(k_scale, K_SCALE_BY_POINTER))
+    even, odd = tl.split(tl.reshape(codes, (n.shape[0], CODE_BYTES, 2)))
+    k_row = cache_ptr + k_block[:, None] + (slot % PAGE)[:, None] * ROW
+    tl.store(k_row + tl.arange(0, CODE_BYTES)[None, :], (even | (odd << 4)).to(tl.uint8), mask=active[:, None])
+    tl.store(k_row + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :], scales.to(tl.uint8), mask=active[:, None])
+
+
+@triton.jit
+def _v_rows(v_ptr, v_scale, n, active, stride_vn, stride_vh, kv_head, V_SCALE_BY_POINTER: tl.constexpr):
+    """V of the ``active`` tokens ``n``, quantized: E2M1 codes int32 ``[BLOCK_N, 128]``, scale codes ``[BLOCK_N, 8]``."""
+    dims = tl.arange(0, HEAD_DIM)
+    x = tl.load(v_ptr + n.to(tl.int64)[:, None] * stride_vn + kv_head * stride_vh + dims[None, :],
+                mask=active[:, None], other=0.0).to(tl.float32)
+    return quantize_rows(x, global_scale(v_scale, V_SCALE_BY_POINTER))
+
+
+@triton.jit
+def _store_v_scales(v_block, row, scales, active):
+    """The V scales of the ``active`` tokens at page rows ``row``: group ``g``'s is byte ``SCALE_OFFSET + row % 8``
+    of V^T row ``V_SCALE_ROWS_PER_GROUP * g + row // 8`` (a byte per token)."""
+    groups = tl.arange(0, NUM_GROUPS)[None, :]
+    scale_ptr = (v_block[:, None] + (groups * V_SCALE_ROWS_PER_GROUP + (row // V_SCALES_PER_ROW)[:, None]) * ROW
+                 + SCALE_OFFSET + (row % V_SCALES_PER_ROW)[:, None])
+    tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
+
+
+@triton.jit
+def _write_v_pairs(cache_ptr, v_ptr, v_scale, n, slot, paired, stride_vn, stride_vh, kv_head,
+                   HKV: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr):
+    """V^T of the aligned pairs (``paired``: tokens ``2i, 2i + 1`` of the program at slots ``2b, 2b + 1``): dim ``d``
+    of both is byte ``b % 64`` of row ``d``, written whole (even token's code in the low nibble)."""
+    BLOCK_N: tl.constexpr = n.shape[0]
+    codes, scales = _v_rows(v_ptr, v_scale, n, paired, stride_vn, stride_vh, kv_head, V_SCALE_BY_POINTER)
+    v_block = cache_ptr + (slot // PAGE) * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
+    _store_v_scales(v_block, slot % PAGE, scales, paired)
+    low, high = tl.split(tl.permute(tl.reshape(codes, (BLOCK_N // 2, 2, HEAD_DIM)), (0, 2, 1)))
+    pair_slot, _ = tl.split(tl.reshape(slot, (BLOCK_N // 2, 2)))
+    pair_live, _ = tl.split(tl.reshape(paired.to(tl.int32), (BLOCK_N // 2, 2)))
+    pair_block = cache_ptr + (pair_slot // PAGE) * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
+    byte_ptr = pair_block[:, None] + tl.arange(0, HEAD_DIM)[None, :] * ROW + ((pair_slot % PAGE) // 2)[:, None]
+    tl.store(byte_ptr, (low | (high << 4)).to(tl.uint8), mask=(pair_live != 0)[:, None])
+
+
+@triton.jit
+def _write_v_nibbles(cache_ptr, v_ptr, v_scale, n, slot, active, stride_vn, stride_vh, kv_head,
+                     HKV: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr):
+    """V^T of the ``active`` tokens one nibble at a time: dim ``d`` of the token at page row ``r`` is a nibble of
+    byte ``r // 2`` of row ``d`` (low for an even ``r``), read, modified and written back."""
+    codes, scales = _v_rows(v_ptr, v_scale, n, active, stride_vn, stride_vh, kv_head, V_SCALE_BY_POINTER)
+    row = slot % PAGE
+    v_block = cache_ptr + (slot // PAGE) * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
+    _store_v_scales(v_block, row, scales, active)
+    shift = (4 * (row % 2)).to(tl.int32)[:, None]
+    byte_ptr = v_block[:, None] + tl.arange(0, HEAD_DIM)[None, :] * ROW + (row // 2)[:, None]
+    old = tl.load(byte_ptr, mask=active[:, None], other=0).to(tl.int32)
+    tl.store(byte_ptr, ((old & (0xF0 >> shift)) | (codes << shift)).to(tl.uint8), mask=active[:, None])
+
+
+@triton.jit
 def _write_kv_kernel(
     cache_ptr, slots_ptr, k_ptr, v_ptr, k_scale, v_scale,
     N, stride_kn, stride_kh, stride_vn, stride_vh,
-    HKV: tl.constexpr, PARITY: tl.constexpr, BLOCK_N: tl.constexpr,
+    HKV: tl.constexpr, WRITE_K: tl.constexpr, V_PAIRS: tl.constexpr, PARITY: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SCALE_BY_POINTER: tl.constexpr, V_SCALE_BY_POINTER: tl.constexpr,
 ):
-    """Program (tokens, KV head, K or V): ``PARITY`` 0 or 1 writes the slots of that parity only, ``ANY_PARITY``
-    every slot (the caller's slots share no V byte)."""
+    """Program (tokens, KV head, K or V): ``WRITE_K`` launches have K programs (axis 2 = 0) besides the V ones.
+    V: ``V_PAIRS`` writes the aligned pairs only; otherwise the tokens outside aligned pairs whose slot has parity
+    ``PARITY``, or with ``ANY_PARITY`` every token (the caller's slots share no V byte)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_head = tl.program_id(1)
     slot = tl.load(slots_ptr + n, mask=n < N, other=-1).to(tl.int64)
     active = slot >= 0
-    if PARITY != ANY_PARITY:
-        active = active & (slot % 2 == PARITY)
-    page = slot // PAGE
-    row = slot % PAGE
-    dims = tl.arange(0, HEAD_DIM)
-    n64 = n.to(tl.int64)
-
-    if tl.program_id(2) == 0:
-        # K: row `row` of the head's K block, codes then scales.
-        k_block = page * (2 * HKV * BLOCK_BYTES) + kv_head * BLOCK_BYTES
-        x = tl.load(k_ptr + n64[:, None] * stride_kn + kv_head * stride_kh + dims[None, :], mask=active[:, None],
-                    other=0.0).to(tl.float32)
-        codes, scales = quantize_rows(x, global_scale(k_scale, K_SCALE_BY_POINTER))
-        even, odd = tl.split(tl.reshape(codes, (BLOCK_N, CODE_BYTES, 2)))
-        k_row = cache_ptr + k_block[:, None] + row[:, None] * ROW
-        tl.store(k_row + tl.arange(0, CODE_BYTES)[None, :], (even | (odd << 4)).to(tl.uint8), mask=active[:, None])
-        tl.store(k_row + SCALE_OFFSET + tl.arange(0, NUM_GROUPS)[None, :], scales.to(tl.uint8), mask=active[:, None])
+    is_k = False
+    if WRITE_K:
+        is_k = tl.program_id(2) == 0
+    if is_k:
+        _write_k_rows(cache_ptr, k_ptr, k_scale, n, slot, active, stride_kn, stride_kh, kv_head, HKV,
+                      K_SCALE_BY_POINTER)
     else:
-        # V^T: dim d of the token is a nibble of byte row // 2 in row d (low nibble for an even row); the token's
-        # scale of group g is byte SCALE_OFFSET + row % 8 of row V_SCALE_ROWS_PER_GROUP * g + row // 8.
-        v_block = page * (2 * HKV * BLOCK_BYTES) + (HKV + kv_head) * BLOCK_BYTES
-        x = tl.load(v_ptr + n64[:, None] * stride_vn + kv_head * stride_vh + dims[None, :], mask=active[:, None],
-                    other=0.0).to(tl.float32)
-        codes, scales = quantize_rows(x, global_scale(v_scale, V_SCALE_BY_POINTER))
-        shift = (4 * (row % 2)).to(tl.int32)[:, None]
-        byte_ptr = cache_ptr + v_block[:, None] + dims[None, :] * ROW + (row // 2)[:, None]
-        old = tl.load(byte_ptr, mask=active[:, None], other=0).to(tl.int32)
-        new = (old & (0xF0 >> shift)) | (codes << shift)
-        tl.store(byte_ptr, new.to(tl.uint8), mask=active[:, None])
-        groups = tl.arange(0, NUM_GROUPS)[None, :]
-        scale_ptr = (cache_ptr + v_block[:, None] + (groups * V_SCALE_ROWS_PER_GROUP + (row // V_SCALES_PER_ROW)[:, None])
-                     * ROW + SCALE_OFFSET + (row % V_SCALES_PER_ROW)[:, None])
-        tl.store(scale_ptr, scales.to(tl.uint8), mask=active[:, None])
+        if PARITY != ANY_PARITY:
+            # Aligned pair: token n and its batch neighbour n ^ 1 (same program) hold the two slots of one V byte,
+            # the even slot at the even index.
+            partner = tl.load(slots_ptr + (n ^ 1), mask=(n ^ 1) < N, other=-1).to(tl.int64)
+            paired = active & (partner >= 0) & ((slot ^ 1) == partner) & ((slot % 2) == (n % 2))
+        if V_PAIRS:
+            _write_v_pairs(cache_ptr, v_ptr, v_scale, n, slot, paired, stride_vn, stride_vh, kv_head, HKV,
+                           V_SCALE_BY_POINTER)
+        else:
+            if PARITY != ANY_PARITY:
+                active = active & ~paired & (slot % 2 == PARITY)
+            if tl.max(active.to(tl.int32), axis=0) > 0:
+                _write_v_nibbles(cache_ptr, v_ptr, v_scale, n, slot, active, stride_vn, stride_vh, kv_head, HKV,
+                                 V_SCALE_BY_POINTER)
 
 
 def launch(cache, slots, k, v, k_scale, v_scale, one_token_per_byte: bool = False) -> None:
-    """Cache write (:func:`sglang_nvfp4.kernels.write_kv`): launch the two parity passes, or one launch with
-    ``one_token_per_byte`` (the caller's promise that no two slots share a V byte, ``slot // 2``); arguments as
-    validated by the dispatcher.
+    """Cache write (:func:`sglang_nvfp4.kernels.write_kv`): the pair launch and the two parity launches (module
+    docstring), or one launch with ``one_token_per_byte`` (the caller's promise that no two slots share a V byte,
+    ``slot // 2``); arguments as validated by the dispatcher.
 
     ``cache``: uint8 ``[pages, 2 * Hkv, 128, 72]``, written in place; ``slots [N]`` int32/int64 distinct
     (negative: skipped); ``k, v [N, Hkv, 128]`` (bf16/fp16/fp32) with unit stride in the last dim;
@@ -162,13 +226,15 @@ def launch(cache, slots, k, v, k_scale, v_scale, one_token_per_byte: bool = Fals
     if n == 0:
         return
     hkv = cache.shape[1] // 2
-    grid = (triton.cdiv(n, TOKENS_PER_PROGRAM), hkv, 2)
     slots = slots.contiguous()
-    for parity in (ANY_PARITY.value,) if one_token_per_byte else (0, 1):
-        _write_kv_kernel[grid](
+    # (WRITE_K, V_PAIRS, PARITY) per launch
+    passes = [(True, False, ANY_PARITY.value)] if one_token_per_byte else [(True, True, 0), (False, False, 0),
+                                                                            (False, False, 1)]
+    for write_k, v_pairs, parity in passes:
+        _write_kv_kernel[(triton.cdiv(n, TOKENS_PER_PROGRAM), hkv, 2 if write_k else 1)](
             cache, slots, k, v, k_scale, v_scale,
             n, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            HKV=hkv, PARITY=parity, BLOCK_N=TOKENS_PER_PROGRAM,
+            HKV=hkv, WRITE_K=write_k, V_PAIRS=v_pairs, PARITY=parity, BLOCK_N=TOKENS_PER_PROGRAM,
             K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
             num_warps=4,
         )
