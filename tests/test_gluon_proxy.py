@@ -14,26 +14,27 @@ from sglang_nvfp4.kernels import gluon_proxy
 
 
 def _signature() -> dict:
-    sig = {"queries_ptr": "*fp16", "cache_ptr": "*u8", "block_table_ptr": "*i32", "req_ptr": "*i32",
-           "pos_ptr": "*i32", "scores_ptr": "*fp32"}
-    sig.update({name: "i32" for name in ("T", "num_cols", "stride_br", "stride_bs")})
-    sig.update({name: "constexpr" for name in ("HKV", "HEADS", "HP", "TOKENS", "BLOCKS")})
+    sig = {"queries_ptr": "*bf16", "query_rows_ptr": "*i32", "cache_ptr": "*u8", "block_table_ptr": "*i32",
+           "req_ptr": "*i32", "pos_ptr": "*i32", "scores_ptr": "*fp32"}
+    sig.update({name: "i32" for name in ("T", "num_cols", "stride_qt", "stride_qh", "stride_br", "stride_bs")})
+    sig.update({name: "constexpr" for name in ("HKV", "HEADS", "HP", "TOKENS", "BLOCKS", "SUBTILES", "QUERY_ROWS")})
     return sig
 
 
-def compile_sm90(groups: int, subtiles: int):
+def compile_sm90(groups: int, subtiles: int, query_rows: bool = True):
     """The kernel compiled for sm_90 with the installed Triton for 4 KV heads of ``groups`` query groups, ``subtiles``
-    per consumer and ``MAX_BLOCKS_PER_PROGRAM`` blocks (pointers 16-byte aligned, as the JIT specializes them; also
-    used by ``bench/gluon_resources.py``)."""
+    per consumer and ``MAX_BLOCKS_PER_PROGRAM`` blocks, reading bf16 queries (the layer's) through ``query_rows`` or
+    in order (pointers 16-byte aligned, as the JIT specializes them; also used by ``bench/gluon_resources.py``)."""
     constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
                   "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM,
-                  "SUBTILES": subtiles}
+                  "SUBTILES": subtiles, "QUERY_ROWS": query_rows}
     return compile_for_hopper(gluon_proxy._ws_proxy_scores_kernel, _signature(), constexprs, 4, gluon_proxy.MAX_REGS)
 
 
-@pytest.mark.parametrize("groups, subtiles", [(16, 4), (3, 4), (1, 4), (16, 2)])
-def test_compiles_for_hopper(groups, subtiles):
-    compiled = compile_sm90(groups, subtiles)
+@pytest.mark.parametrize("groups, subtiles, query_rows", [(16, 4, True), (16, 4, False), (3, 4, False),
+                                                          (1, 4, False), (16, 2, True)])
+def test_compiles_for_hopper(groups, subtiles, query_rows):
+    compiled = compile_sm90(groups, subtiles, query_rows)
     ptx = compiled.asm["ptx"]
     assert compiled.metadata.num_warps == 12  # two consumer warpgroups and the producer
     assert compiled.metadata.shared <= 227 * 1024  # one CTA per SM fits
@@ -42,6 +43,7 @@ def test_compiles_for_hopper(groups, subtiles):
     # shared memory; two consumers.
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * subtiles * 2 * 4
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.rn.satfinite.e4m3x2.f16x2" in ptx  # key decode, rounding to E4M3
+    assert "cvt.rn.f16.f32" in ptx or "cvt.rn.f16x2.f32" in ptx  # bf16 queries rounded to fp16 (the proxy's)
 
 
 def test_blocks_per_program_fill_the_gpu():

@@ -16,7 +16,7 @@ from sglang_nvfp4.indexer.proxy import round_keys_fp8, round_queries_fp8
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=21, timeout=900, run_s=115)  # the torch tests run there too
+register_module(__file__, expected_passed=22, timeout=900, run_s=115)  # the torch tests run there too
 E4M3_ONE = 0x38  # the E4M3 byte of 1.0
 
 
@@ -381,6 +381,50 @@ def check_fp8_kernel(device):
             assert torch.equal(*ids), (seed, groups, decode)
 
 
+def check_query_operands(device):
+    """The score kernels read the layer's queries as they are: bf16 heads in a strided view (as of a fused QKV
+    output), in order or picked by ``query_rows`` from shuffled rows, give the scores of the same values converted to
+    contiguous fp16 first (the kernels round them to fp16 as they load) bit for bit, on the Triton kernel (fp16 and
+    fp8 products) and, on Hopper, the Gluon one; and the selection too when scored in chunks (each chunk its rows)."""
+    from sglang_nvfp4.kernels.triton_indexer import (PROXY_PREFILL_ROWS, _gluon_proxy_scores, learned_tiling,
+                                                     proxy_block_scores, select_proxy_blocks)
+
+    q, cache, table, req, pos = random_problem(5, group=16, seq_lens=(1500, 700), tokens=(20, 9))
+    t, heads = q.shape[:2]
+    gen = torch.Generator().manual_seed(5)
+    fused = torch.randn(t, heads + 8, fmt.HEAD_DIM, generator=gen).bfloat16()  # the heads, then other columns
+    fused[:, :heads] = q.bfloat16()
+    perm = torch.randperm(t, generator=gen)
+    shuffled = torch.empty_like(fused[:, :heads])
+    shuffled[perm] = fused[:, :heads]  # token i's queries at row perm[i]
+    fused, shuffled, perm = fused.to(device), shuffled.to(device), perm.int().to(device)
+    view = fused[:, :heads]
+    assert not view.is_contiguous()
+    fp16 = view.half().contiguous()
+    cache, table, req, pos = (x.to(device) for x in (cache, table, req, pos))
+    tokens, blocks = learned_tiling(t, table.shape[0], heads // 2, PROXY_PREFILL_ROWS)
+    kernels = {f"triton fp8={fp8}": lambda queries, out, rows, fp8=fp8: proxy_block_scores(
+        queries, cache, table, req, pos, out, tokens, blocks, heads // 2, fp8, query_rows=rows) for fp8 in (False, True)}
+    gluon = _gluon_proxy_scores(torch.device(device), t, table.shape[0], heads // 2)
+    if gluon is not None:
+        kernels["gluon"] = lambda queries, out, rows: gluon(queries, cache, table, req, pos, out, heads // 2,
+                                                            query_rows=rows)
+    for name, kernel in kernels.items():
+        outs = []
+        for queries, rows in [(fp16, None), (view, None), (shuffled, perm)]:
+            out = torch.full((2, t, table.shape[1]), -12345.0, device=device)  # poison: only visible blocks written
+            kernel(queries, out, rows)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), name
+        assert (outs[0] != -12345.0).any()
+    chunked = [select_proxy_blocks(queries, cache, table, req, pos, 6, 1, 1, groups=heads // 2, fp8=True,
+                                   query_rows=rows, score_bytes=4 * 2 * 16 * table.shape[1])
+               for queries, rows in [(fp16, None), (shuffled, perm)]]
+    assert torch.equal(*chunked)
+    with pytest.raises(ValueError, match="query_rows"):
+        select_proxy_blocks(shuffled, cache, table, req, pos, 6, 1, 1, groups=heads // 2, query_rows=perm.long())
+
+
 if INTERPRETED:
 
     def test_proxy_kernel_matches_torch_on_exact_ties():
@@ -391,6 +435,9 @@ if INTERPRETED:
 
     def test_shared_selection_kernel_matches_torch():
         check_shared_kernel("cpu")
+
+    def test_score_kernels_read_the_layers_queries():
+        check_query_operands("cpu")
 
 else:
 
@@ -404,3 +451,4 @@ else:
         check_kernel_on_exact_ties("cuda")
         check_fp8_kernel("cuda")
         check_shared_kernel("cuda")
+        check_query_operands("cuda")

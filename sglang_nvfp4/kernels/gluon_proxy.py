@@ -194,20 +194,26 @@ def _producer(item, ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, 
 
 
 @gluon.jit
-def _subtile_queries(q_smem, queries_ptr, token0, T, kv_head, HKV, HEADS: gl.constexpr, HP: gl.constexpr,
-                     rows_layout: gl.constexpr):
+def _subtile_queries(q_smem, queries, token0, T, kv_head, HEADS: gl.constexpr, HP: gl.constexpr,
+                     QUERY_ROWS: gl.constexpr, rows_layout: gl.constexpr):
     """Rounds the query rows of the ``ROWS // HP`` tokens from ``token0`` to E4M3 into ``q_smem``, after a power
     of two per row that takes the row's largest magnitude into [128, 256) (the rule of
-    indexer.proxy.round_queries_fp8). Returns, in ``rows_layout``, what turns a row's products back into the fp16
-    key tiles' units (as the Triton kernel's scores)."""
+    indexer.proxy.round_queries_fp8). ``queries``: ``(pointer, query_rows pointer, token stride, head stride)`` as
+    :func:`block_scores` takes them; the values are rounded to fp16 first (the proxy's queries). Returns, in
+    ``rows_layout``, what turns a row's products back into the fp16 key tiles' units (as the Triton kernel's
+    scores)."""
+    queries_ptr, query_rows_ptr, stride_qt, stride_qh = queries
     q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
     q_token = token0 + q_rows // HP
     q_live = (q_token < T) & (q_rows % HP < HEADS)
-    q_row = (q_token.to(gl.int64) * HKV + kv_head) * HEADS + q_rows % HP
+    q_token_row = q_token.to(gl.int64)
+    if QUERY_ROWS:
+        q_token_row = gl.load(query_rows_ptr + q_token, mask=q_live, other=0).to(gl.int64)
+    q_offset = q_token_row * stride_qt + (kv_head * HEADS + q_rows % HP) * stride_qh
     dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
-    q = gl.load(queries_ptr + q_row[:, None] * HEAD_DIM + dims[None, :], mask=q_live[:, None], other=0.0)
-    q = q.to(gl.float32)
+    q = gl.load(queries_ptr + q_offset[:, None] + dims[None, :], mask=q_live[:, None], other=0.0)
+    q = q.to(gl.float16).to(gl.float32)
     largest = gl.max(gl.abs(q), axis=1)
     biased = (largest.to(gl.int32, bitcast=True) >> 23) & 0xFF
     exponent = gl.where(largest == 0, 119, gl.minimum(gl.maximum(biased - 7, 1), 254))
@@ -240,14 +246,14 @@ def _store_block_maxima(s, b, unscale, own, token0, scores_ptr, T, kv_head, num_
 
 @gluon.jit
 def _consumer(half, item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
-              BLOCKS: gl.constexpr, SUBTILES: gl.constexpr):
+              BLOCKS: gl.constexpr, SUBTILES: gl.constexpr, QUERY_ROWS: gl.constexpr):
     """Consumer ``half`` (0 or 1): tokens ``half * SUBTILES * TOKENS ..`` of the tile, as ``SUBTILES`` (2 or 4)
     subtiles of ``TOKENS`` tokens (``ROWS`` rows each), one warpgroup. The subtiles take the products of each key
     page in turn, so the producer decodes a page once for ``2 * SUBTILES * ROWS`` rows; one accumulator at a time
     fits the registers."""
-    queries_ptr, scores_ptr, req_ptr, pos_ptr = ptrs
+    queries, scores_ptr, req_ptr, pos_ptr = ptrs
     q_smem, k_bufs, ready, empty = bufs
-    T, num_cols, HKV = sizes
+    T, num_cols = sizes
     tile, first, kv_head = item
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
@@ -260,17 +266,18 @@ def _consumer(half, item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constex
         token0 = tile * tile_t + half * (SUBTILES * TOKENS)
         # Per subtile, its rows' unscale and its tokens' own blocks: tuples indexed by the unrolled subtile loop
         # below (only these stay in registers).
-        unscales = (_subtile_queries(q_smem.index(0), queries_ptr, token0, T, kv_head, HKV, HEADS, HP, rows_layout),
-                    _subtile_queries(q_smem.index(1), queries_ptr, token0 + TOKENS, T, kv_head, HKV, HEADS, HP,
-                                     rows_layout))
+        unscales = (_subtile_queries(q_smem.index(0), queries, token0, T, kv_head, HEADS, HP, QUERY_ROWS,
+                                     rows_layout),
+                    _subtile_queries(q_smem.index(1), queries, token0 + TOKENS, T, kv_head, HEADS, HP,
+                                     QUERY_ROWS, rows_layout))
         owns = (_own_blocks(pos_ptr, token0, T, TOKENS, lane_layout),
                 _own_blocks(pos_ptr, token0 + TOKENS, T, TOKENS, lane_layout))
         if SUBTILES == 4:
             unscales = unscales + (
-                _subtile_queries(q_smem.index(2), queries_ptr, token0 + 2 * TOKENS, T, kv_head, HKV, HEADS, HP,
-                                 rows_layout),
-                _subtile_queries(q_smem.index(3), queries_ptr, token0 + 3 * TOKENS, T, kv_head, HKV, HEADS, HP,
-                                 rows_layout))
+                _subtile_queries(q_smem.index(2), queries, token0 + 2 * TOKENS, T, kv_head, HEADS, HP,
+                                 QUERY_ROWS, rows_layout),
+                _subtile_queries(q_smem.index(3), queries, token0 + 3 * TOKENS, T, kv_head, HEADS, HP,
+                                 QUERY_ROWS, rows_layout))
             owns = owns + (_own_blocks(pos_ptr, token0 + 2 * TOKENS, T, TOKENS, lane_layout),
                            _own_blocks(pos_ptr, token0 + 3 * TOKENS, T, TOKENS, lane_layout))
         fence_async_shared()
@@ -296,17 +303,17 @@ def _consumer(half, item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constex
 
 @gluon.jit
 def _consumer_worker(item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr,
-                     BLOCKS: gl.constexpr, SUBTILES: gl.constexpr):
+                     BLOCKS: gl.constexpr, SUBTILES: gl.constexpr, QUERY_ROWS: gl.constexpr):
     """The second consumer, as a worker partition (the first is the default partition)."""
-    _consumer(1, item, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS, SUBTILES)
+    _consumer(1, item, ptrs, bufs, sizes, HEADS, HP, TOKENS, BLOCKS, SUBTILES, QUERY_ROWS)
 
 
 @gluon.jit
 def _ws_proxy_scores_kernel(
-    queries_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # fp16, uint8, int32 x3, fp32
-    T, num_cols, stride_br, stride_bs,
+    queries_ptr, query_rows_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # see block_scores
+    T, num_cols, stride_qt, stride_qh, stride_br, stride_bs,
     HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
-    SUBTILES: gl.constexpr,
+    SUBTILES: gl.constexpr, QUERY_ROWS: gl.constexpr,
 ):
     item = _program_item(num_cols, HKV, BLOCKS)
     ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
@@ -320,32 +327,33 @@ def _ws_proxy_scores_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
 
-    consumer_ptrs = (queries_ptr, scores_ptr, req_ptr, pos_ptr)
-    consumer_sizes = (T, num_cols, HKV)
+    consumer_ptrs = ((queries_ptr, query_rows_ptr, stride_qt, stride_qh), scores_ptr, req_ptr, pos_ptr)
+    consumer_sizes = (T, num_cols)
     gl.warp_specialize([
         (_consumer, (0, item, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS,
-                     SUBTILES)),
+                     SUBTILES, QUERY_ROWS)),
         (_consumer_worker, (item, consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
-                            BLOCKS, SUBTILES)),
+                            BLOCKS, SUBTILES, QUERY_ROWS)),
         (_producer, (item, (cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
                      (T, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None,
-                 subtiles: int | None = None) -> None:
-    """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`):
-    aggregated queries fp16 ``[n, Hkv * groups, 128]`` (contiguous) against the K of the NVFP4 ``cache``, block
-    maxima over each KV head's groups into ``scores`` fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only);
-    ``blocks``: blocks per program (default :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per
-    consumer, 2 or 4 (default ``SUBTILES``); benchmarks sweep both."""
-    n, rows_per_token, d = queries.shape
-    hkv = cache.shape[1] // 2
-    if rows_per_token != hkv * groups or d != HEAD_DIM or queries.dtype != torch.float16:
-        raise ValueError(f"gluon_proxy.block_scores: fp16 queries [n, {hkv} x {groups}, {HEAD_DIM}] expected, "
-                         f"got {queries.dtype} {tuple(queries.shape)}")
-    if not (queries.is_contiguous() and scores.is_contiguous()):
-        raise ValueError("gluon_proxy.block_scores: queries and scores must be contiguous")
+                 subtiles: int | None = None, query_rows: torch.Tensor | None = None) -> None:
+    """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`), for
+    the ``n`` tokens of ``req``, ``pos``: aggregated queries ``[n, Hkv * groups, 128]`` (fp16, or bf16 / fp32 rounded
+    to fp16 as they load; unit stride in the last dim), or with ``query_rows`` (int32 ``[n]``) token ``i``'s at row
+    ``query_rows[i]``, against the K of the NVFP4 ``cache``, block maxima over each KV head's groups into ``scores``
+    fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only); ``blocks``: blocks per program (default
+    :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per consumer, 2 or 4 (default ``SUBTILES``);
+    benchmarks sweep both."""
+    from .triton_indexer import check_query_rows
+
+    n, hkv = pos.shape[0], cache.shape[1] // 2
+    check_query_rows(queries, hkv * groups, n, query_rows, "gluon_proxy.block_scores")
+    if not scores.is_contiguous():
+        raise ValueError("gluon_proxy.block_scores: scores must be contiguous")
     subtiles = SUBTILES if subtiles is None else subtiles
     if subtiles not in (2, 4):
         raise ValueError(f"gluon_proxy.block_scores: subtiles: 2 or 4, got {subtiles!r}")
@@ -354,8 +362,9 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
         blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
     _ws_proxy_scores_kernel[(tiles * triton.cdiv(cols, blocks) * hkv,)](
-        queries, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
+        queries, pos if query_rows is None else query_rows, cache, block_table, req, pos, scores, n, cols,
+        queries.stride(0), queries.stride(1), block_table.stride(0), block_table.stride(1),
         HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
-        BLOCKS=blocks, SUBTILES=subtiles,
+        BLOCKS=blocks, SUBTILES=subtiles, QUERY_ROWS=query_rows is not None,
         num_warps=4, maxnreg=MAX_REGS,
     )

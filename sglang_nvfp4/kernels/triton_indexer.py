@@ -267,9 +267,9 @@ SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 16
 
 
 @triton.jit
-def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,
-                           num_tokens, num_cols, stride_br, stride_bs,
-                           HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
+def _key_scores_kernel(idx_q_ptr, query_rows_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, req_ptr, pos_ptr,
+                           scores_ptr, num_tokens, num_cols, stride_qt, stride_qh, stride_br, stride_bs,
+                           QUERY_ROWS: tl.constexpr, HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
                            ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
                            FROM_CACHE: tl.constexpr, MAX_OVER_HEADS: tl.constexpr, FP8: tl.constexpr,
                            FP8_KEYS: tl.constexpr, USE_PTX: tl.constexpr, PREFETCH: tl.constexpr):
@@ -285,12 +285,13 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
       exactly, the query rows to fp16 times a power of two per row (:func:`_fp16_query_rows`: exact but for
       elements below 2**-31 of their row's largest), and each key's products are multiplied by its power of two;
     * the NVFP4 cache's K (``FROM_CACHE``; the proxy indexer): rows are (token, query group) pairs, ``idx_q``
-      the aggregated queries ``[T, HKV * HEADS, 128]`` fp16 (``HEADS`` groups per KV head), ``keys`` the cache;
-      program_id(2) is the KV head. Decoded tiles hold value / TILE_SCALE, a power of two, which changes no
-      ranking.
+      the aggregated queries ``[T, HKV * HEADS, 128]`` (``HEADS`` groups per KV head; fp16, or bf16 / fp32
+      rounded to fp16 as they load), ``keys`` the cache; program_id(2) is the KV head. Decoded tiles hold value /
+      TILE_SCALE, a power of two, which changes no ranking.
 
-    Row (token ``t``, head ``h``) of KV head ``kv`` reads query ``t * HKV * HEADS + kv * HEADS + h`` and writes
-    score row ``kv * HEADS + h``; with ``MAX_OVER_HEADS`` the max over a token's ``HEADS`` rows goes to score row
+    Row (token ``t``, head ``h``) of KV head ``kv`` reads the query at ``t * stride_qt + (kv * HEADS + h) *
+    stride_qh`` (with ``QUERY_ROWS``, token row ``query_rows[t]`` instead of ``t``) and writes score row
+    ``kv * HEADS + h``; with ``MAX_OVER_HEADS`` the max over a token's ``HEADS`` rows goes to score row
     ``kv`` instead (``scores [HKV, T, num_cols]``: the proxy's query groups merged in registers).
 
     ``FP8`` (the proxy's ``precision="fp8"``, :mod:`sglang_nvfp4.indexer.proxy`): each query row and each decoded
@@ -315,8 +316,13 @@ def _key_scores_kernel(idx_q_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, 
         dims = tl.arange(0, D)
         keyrow = tl.arange(0, PAGE)
         col = tl.arange(0, BLOCKS)
-        q = tl.load(idx_q_ptr + ((tok.to(tl.int64) * HKV + kv_head) * HEADS + head)[:, None] * D + dims[None, :],
+        q_tok = tok.to(tl.int64)
+        if QUERY_ROWS:
+            q_tok = tl.load(query_rows_ptr + tok, mask=in_range, other=0).to(tl.int64)
+        q = tl.load(idx_q_ptr + (q_tok * stride_qt + (kv_head * HEADS + head) * stride_qh)[:, None] + dims[None, :],
                     mask=in_range[:, None], other=0.0)
+        if FROM_CACHE:
+            q = q.to(tl.float16)  # the proxy's queries are fp16 (the decoded keys' dtype)
         if FP8:
             q, row_unscale = _fp8_query_rows(q)
         if FP8_KEYS:
@@ -507,8 +513,8 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     rows = max(16, tokens * hp)  # tl.dot needs 16 rows
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
-        idx_q, keys, keys if key_exponents is None else key_exponents, block_table, req, pos, scores, n, cols,
-        block_table.stride(0), block_table.stride(1),
+        idx_q, pos, keys, keys if key_exponents is None else key_exponents, block_table, req, pos, scores, n, cols,
+        idx_q.stride(0), idx_q.stride(1), block_table.stride(0), block_table.stride(1), QUERY_ROWS=False,
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False,
         MAX_OVER_HEADS=False, FP8=False, FP8_KEYS=fp8_keys, USE_PTX=False, PREFETCH=False,
         num_warps=num_warps or (4 if rows <= 64 else 8), **({"num_stages": num_stages} if num_stages else {}),
@@ -517,26 +523,47 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
 
 
 def proxy_block_scores(queries, cache, block_table, req, pos, scores, tokens: int, blocks: int,
-                       groups: int = 1, fp8: bool = False) -> None:
-    """Block scores of the proxy indexer: aggregated queries ``[n, Hkv * groups, 128]`` fp16 (``groups`` per KV
-    head) against the K of the NVFP4 ``cache``, max-pooled per block and over the KV head's groups, into
-    ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only); ``fp8``: products of E4M3-rounded queries and keys."""
-    n, rows_per_token, d = queries.shape
-    hkv = cache.shape[1] // 2
-    if rows_per_token != hkv * groups:
-        raise ValueError(f"proxy_block_scores: {rows_per_token} query rows per token for {hkv} KV heads x "
-                         f"{groups} groups")
-    if not (scores.is_contiguous() and queries.is_contiguous()):
-        raise ValueError("proxy_block_scores: queries and scores must be contiguous")
+                       groups: int = 1, fp8: bool = False, query_rows: torch.Tensor | None = None) -> None:
+    """Block scores of the proxy indexer for the ``n`` tokens of ``req``, ``pos [n]``: aggregated queries
+    ``[n, Hkv * groups, 128]`` (``groups`` per KV head; fp16, or bf16 / fp32 rounded to fp16 in the kernel; unit
+    stride in the last dim), or with ``query_rows`` (int32 ``[n]``) token ``i``'s queries at row ``query_rows[i]`` of
+    ``queries``, against the K of the NVFP4 ``cache``, max-pooled per block and over the KV head's groups, into
+    ``scores`` fp32 ``[Hkv, n, S]`` (visible blocks only; contiguous); ``fp8``: products of E4M3-rounded queries and
+    keys."""
+    n, hkv = pos.shape[0], cache.shape[1] // 2
+    check_query_rows(queries, hkv * groups, n, query_rows, "proxy_block_scores")
+    if not scores.is_contiguous():
+        raise ValueError("proxy_block_scores: scores must be contiguous")
     hp = triton.next_power_of_2(groups)
     rows = max(16, tokens * hp)
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), hkv)](
-        queries, cache, cache, block_table, req, pos, scores, n, cols, block_table.stride(0), block_table.stride(1),
-        HEADS=groups, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=hkv, FROM_CACHE=True,
-        MAX_OVER_HEADS=True, FP8=fp8, FP8_KEYS=False, USE_PTX=uses_ptx(cache.device), PREFETCH=fp8 and tokens > 1,
+        queries, pos if query_rows is None else query_rows, cache, cache, block_table, req, pos, scores, n, cols,
+        queries.stride(0), queries.stride(1), block_table.stride(0), block_table.stride(1),
+        QUERY_ROWS=query_rows is not None, HEADS=groups, HP=hp, D=queries.shape[2], TOKENS=tokens, ROWS=rows,
+        BLOCKS=blocks, HKV=hkv, FROM_CACHE=True, MAX_OVER_HEADS=True, FP8=fp8, FP8_KEYS=False,
+        USE_PTX=uses_ptx(cache.device), PREFETCH=fp8 and tokens > 1,
         num_warps=PROXY_WARPS,
     )
+
+
+def check_query_rows(queries: torch.Tensor, rows_per_token: int, n: int, query_rows: torch.Tensor | None,
+                     caller: str) -> None:
+    """The proxy score kernels' query operands: ``queries [rows, rows_per_token, 128]`` fp16 / bf16 / fp32 with unit
+    stride in the last dim, one row per scored token (``n``), or ``query_rows`` int32 ``[n]`` on its device picking
+    them (the caller guarantees them in range). ``ValueError`` naming ``caller`` otherwise."""
+    if (queries.dim() != 3 or queries.shape[1:] != (rows_per_token, fmt.HEAD_DIM)
+            or queries.dtype not in (torch.float16, torch.bfloat16, torch.float32) or queries.stride(2) != 1):
+        raise ValueError(f"{caller}: queries fp16/bf16/fp32 [rows, {rows_per_token}, {fmt.HEAD_DIM}] with unit stride in "
+                         f"the last dim expected, got {queries.dtype} {tuple(queries.shape)} strides "
+                         f"{queries.stride()}")
+    if query_rows is None:
+        if queries.shape[0] != n:
+            raise ValueError(f"{caller}: {queries.shape[0]} query rows for {n} tokens (no query_rows)")
+    elif (query_rows.dtype != torch.int32 or query_rows.shape != (n,) or not query_rows.is_contiguous()
+          or query_rows.device != queries.device):
+        raise ValueError(f"{caller}: query_rows: contiguous int32 [{n}] on {queries.device} expected, got "
+                         f"{query_rows.dtype} {tuple(query_rows.shape)} on {query_rows.device}")
 
 
 def _select_warps(tokens: int) -> int:
@@ -626,27 +653,34 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
                         fp8: bool = False, prefill_rows: int = PROXY_PREFILL_ROWS,
                         score_bytes: int = LEARNED_SCORE_BYTES,
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP,
-                        runs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                        runs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                        query_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
-    ``block_ids [Hkv, T, topk]``. ``queries``: aggregated queries fp16 ``[T, Hkv * groups, 128]`` (``groups``
-    per KV head); ``cache`` the NVFP4 cache. As :func:`select_learned_blocks`, with one KV head per score program
-    (prefill tiles of ``prefill_rows`` (token, group) rows); a block's score is the max over the KV head's
-    groups, taken in the score kernel; ``fp8``: the products on E4M3-rounded queries and keys. fp8 prefill scores
-    on Hopper run the warp-specialized Gluon kernel (:mod:`.gluon_proxy`) where it serves the call. ``runs``: select
-    once per run of tokens (:func:`_select_in_chunks`)."""
-    t = queries.shape[0]
+    ``block_ids [Hkv, T, topk]`` for the ``T`` tokens of ``req``, ``pos``. ``queries``: aggregated queries
+    ``[T, Hkv * groups, 128]`` (``groups`` per KV head; fp16, or bf16 / fp32 that the score kernels round to fp16 as
+    they load them, so a caller passes the layer's queries as they are; unit stride in the last dim), or with
+    ``query_rows`` (int32 ``[T]``) token ``i``'s at row ``query_rows[i]``; ``cache`` the NVFP4 cache. As
+    :func:`select_learned_blocks`, with one KV head per score program (prefill tiles of ``prefill_rows`` (token,
+    group) rows); a block's score is the max over the KV head's groups, taken in the score kernel; ``fp8``: the
+    products on E4M3-rounded queries and keys. fp8 prefill scores on Hopper run the warp-specialized Gluon kernel
+    (:mod:`.gluon_proxy`) where it serves the call. ``runs``: select once per run of tokens
+    (:func:`_select_in_chunks`)."""
+    t = pos.shape[0]
     hkv = cache.shape[1] // 2
-    queries = queries.contiguous()
+    check_query_rows(queries, hkv * groups, t, query_rows, "select_proxy_blocks")
     req, pos = req.contiguous(), pos.contiguous()
     tokens, blocks = learned_tiling(t, block_table.shape[0], groups, prefill_rows)
     gluon_scores = _gluon_proxy_scores(queries.device, t, block_table.shape[0], groups) if fp8 else None
 
     def score_chunk(part, scores):
+        # A chunk's queries: a view of its rows, or the chunk's row indices into all of them.
+        chunk_queries, chunk_rows = (queries[part], None) if query_rows is None else (queries, query_rows[part])
         if gluon_scores is not None:
-            gluon_scores(queries[part], cache, block_table, req[part], pos[part], scores, groups)
+            gluon_scores(chunk_queries, cache, block_table, req[part], pos[part], scores, groups,
+                         query_rows=chunk_rows)
         else:
-            proxy_block_scores(queries[part], cache, block_table, req[part], pos[part], scores, tokens, blocks,
-                               groups, fp8)
+            proxy_block_scores(chunk_queries, cache, block_table, req[part], pos[part], scores, tokens, blocks,
+                               groups, fp8, query_rows=chunk_rows)
 
     return _select_in_chunks(score_chunk, hkv, block_table, req, pos, topk, sink_blocks, local_blocks, tokens,
                              score_bytes, decode_blocks_per_step, runs)
