@@ -2,11 +2,13 @@
 warp-specialized Gluon kernel per blocks per program.
 
     python bench/bench_proxy_scores.py [--t 32768] [--chunk 8192] [--blocks 8 16 32 64 256] [--subtiles 2 4]
-                                       [--out DIR]
+                                       [--every N] [--out DIR]
 
 One request of ``--t`` tokens, 64 query heads over 4 KV heads (16 groups per KV head, the default proxy over every
 query head), random K/V written by ``kernels.write_kv`` on shuffled pages, fp16 queries. Scored twice: the whole
-prompt, and its last ``--chunk`` tokens (an extend over the rest as prefix). Per case: the Triton kernel at the
+prompt, and its last ``--chunk`` tokens (an extend over the rest as prefix). ``--every N`` scores only every
+``N``-th of those tokens (positions ``N - 1``, ``2N - 1``, ...: the runs' last tokens of ``PROXY_SHARE=N``,
+``PROXY_SHARE_SCORE=last``). Per case: the Triton kernel at the
 launch ``select_proxy_blocks`` gives it, the Gluon kernel at its default blocks per program
 (``gluon_proxy.blocks_per_program``) and at each ``--blocks``, for each ``--subtiles`` per consumer; each Gluon
 row has the max |difference| from the Triton scores and whether the same blocks are visible (NaN-poisoned
@@ -34,10 +36,14 @@ def parse_args(argv=None):
                         help="Gluon blocks per program to time besides its default")
     parser.add_argument("--subtiles", type=int, nargs="*", default=[2, 4], choices=[2, 4],
                         help="Gluon subtiles per consumer to time besides its default")
+    parser.add_argument("--every", type=int, default=1,
+                        help="score the tokens at positions N-1, 2N-1, ... only (runs of N scored as their last token)")
     parser.add_argument("--out", default="proxy_scores_out")
     args = parser.parse_args(argv)
     if args.t <= 0 or args.t % PAGE or not 0 < args.chunk <= args.t:
         parser.error(f"--t: a positive multiple of {PAGE}, --chunk in (0, t]; got {args.t}, {args.chunk}")
+    if args.every < 1 or args.chunk < args.every:
+        parser.error(f"--every: at least 1 and at most --chunk, got {args.every}")
     if any(b <= 0 for b in args.blocks):
         parser.error(f"--blocks: positive counts, got {args.blocks}")
     return args
@@ -74,13 +80,16 @@ def main(argv=None):
     results = {"meta": {"gpu": props.name, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
                         "command": " ".join(sys.argv), "implementation": kernels.resolve_implementation(dev)},
                "rows": []}
-    for n in dict.fromkeys((args.t, args.chunk)):
-        qn, req_n, pos_n = q[-n:].contiguous(), req[-n:].contiguous(), pos[-n:].contiguous()
+    for count_in in dict.fromkeys((args.t, args.chunk)):
+        scored = torch.arange(args.t - count_in, args.t, device=dev)
+        scored = scored[(scored + 1) % args.every == 0]
+        n = scored.shape[0]
+        qn, req_n, pos_n = q[scored].contiguous(), req[scored].contiguous(), pos[scored].contiguous()
         tokens, per_program = ti.learned_tiling(n, 1, groups, ti.PROXY_PREFILL_ROWS)
         want = torch.full((KV_HEADS, n, blocks), float("nan"), device=dev)
         ms = graph_ms(lambda: ti.proxy_block_scores(qn, cache, table, req_n, pos_n, want, tokens, per_program, groups,
                                                     True))
-        results["rows"].append({"n": n, "kernel": "triton", "tokens": tokens, "blocks": per_program, "ms": ms})
+        results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "triton", "tokens": tokens, "blocks": per_program, "ms": ms})
         print(f"n={n} triton ({tokens} tokens, {per_program} blocks per program): {ms:.3f} ms", flush=True)
         if not gluon_proxy.supports(dev, n, 1, groups):
             print("  the Gluon kernel does not serve this device or call", flush=True)
@@ -96,7 +105,7 @@ def main(argv=None):
                 diff = (got[visible] - want[visible]).abs().max().item()
                 same = bool(torch.equal(torch.isfinite(got), visible))
                 is_default = count == default and subtiles == gluon_proxy.SUBTILES
-                results["rows"].append({"n": n, "kernel": "gluon", "subtiles": subtiles, "blocks": count,
+                results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "gluon", "subtiles": subtiles, "blocks": count,
                                         "default": is_default, "ms": ms, "max_abs_diff_vs_triton": diff,
                                         "same_visible_blocks": same})
                 print(f"  gluon {subtiles} subtiles, {count} blocks per program{' (default)' if is_default else ''}: "
