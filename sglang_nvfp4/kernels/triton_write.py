@@ -57,6 +57,7 @@ E4M3_MAX = tl.constexpr(fmt.E4M3_MAX)
 TOKENS_PER_PROGRAM = 16  # even: a program holds both tokens of each aligned pair
 ANY_PARITY = tl.constexpr(2)  # a PARITY that writes every slot
 
+
 @triton.jit
 def _past(a, THRESHOLD: tl.constexpr, TIE_UP: tl.constexpr):
     """1 where ``a`` rounds above ``THRESHOLD`` (ties included when ``TIE_UP``), as int32."""
