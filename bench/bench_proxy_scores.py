@@ -89,7 +89,8 @@ def main(argv=None):
         want = torch.full((KV_HEADS, n, blocks), float("nan"), device=dev)
         ms = graph_ms(lambda: ti.proxy_block_scores(qn, cache, table, req_n, pos_n, want, tokens, per_program, groups,
                                                     True))
-        results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "triton", "tokens": tokens, "blocks": per_program, "ms": ms})
+        results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "triton",
+                                "tokens": tokens, "blocks": per_program, "ms": ms})
         print(f"n={n} triton ({tokens} tokens, {per_program} blocks per program): {ms:.3f} ms", flush=True)
         if not gluon_proxy.supports(dev, n, 1, groups):
             print("  the Gluon kernel does not serve this device or call", flush=True)
@@ -105,9 +106,9 @@ def main(argv=None):
                 diff = (got[visible] - want[visible]).abs().max().item()
                 same = bool(torch.equal(torch.isfinite(got), visible))
                 is_default = count == default and subtiles == gluon_proxy.SUBTILES
-                results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "gluon", "subtiles": subtiles, "blocks": count,
-                                        "default": is_default, "ms": ms, "max_abs_diff_vs_triton": diff,
-                                        "same_visible_blocks": same})
+                results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "gluon",
+                                        "subtiles": subtiles, "blocks": count, "default": is_default, "ms": ms,
+                                        "max_abs_diff_vs_triton": diff, "same_visible_blocks": same})
                 print(f"  gluon {subtiles} subtiles, {count} blocks per program{' (default)' if is_default else ''}: "
                       f"{ms:.3f} ms, max |diff| {diff:.3g}, same visible blocks {same}", flush=True)
         del want

@@ -404,7 +404,8 @@ def check_query_operands(device):
     cache, table, req, pos = (x.to(device) for x in (cache, table, req, pos))
     tokens, blocks = learned_tiling(t, table.shape[0], heads // 2, PROXY_PREFILL_ROWS)
     kernels = {f"triton fp8={fp8}": lambda queries, out, rows, fp8=fp8: proxy_block_scores(
-        queries, cache, table, req, pos, out, tokens, blocks, heads // 2, fp8, query_rows=rows) for fp8 in (False, True)}
+        queries, cache, table, req, pos, out, tokens, blocks, heads // 2, fp8, query_rows=rows)
+        for fp8 in (False, True)}
     gluon = _gluon_proxy_scores(torch.device(device), t, table.shape[0], heads // 2)
     if gluon is not None:
         kernels["gluon"] = lambda queries, out, rows: gluon(queries, cache, table, req, pos, out, heads // 2,

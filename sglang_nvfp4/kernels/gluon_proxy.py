@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .gluon_common import decode_words, k_scale_operand, times_f16x2
 from .gluon_prefill import _flat_tile, _load_k, k_layout
 from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE
-from .triton_indexer import FP8_KEY_SCALE
+from .triton_indexer import FP8_KEY_SCALE, check_query_rows
 
 ROWS = gl.constexpr(128)  # (token, group) rows per subtile: two 64-row wgmma tiles of one warpgroup
 STAGES = gl.constexpr(3)  # decoded key pages in flight between the producer and the consumers
@@ -348,8 +348,6 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only); ``blocks``: blocks per program (default
     :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per consumer, 2 or 4 (default ``SUBTILES``);
     benchmarks sweep both."""
-    from .triton_indexer import check_query_rows
-
     n, hkv = pos.shape[0], cache.shape[1] // 2
     check_query_rows(queries, hkv * groups, n, query_rows, "gluon_proxy.block_scores")
     if not scores.is_contiguous():

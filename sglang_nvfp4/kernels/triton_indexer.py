@@ -269,8 +269,8 @@ SCORED_SELECT_TOKENS, SCORED_SELECT_STEP = 32, 16
 @triton.jit
 def _key_scores_kernel(idx_q_ptr, query_rows_ptr, keys_ptr, key_exponents_ptr, block_table_ptr, req_ptr, pos_ptr,
                            scores_ptr, num_tokens, num_cols, stride_qt, stride_qh, stride_br, stride_bs,
-                           QUERY_ROWS: tl.constexpr, HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, TOKENS: tl.constexpr,
-                           ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
+                           QUERY_ROWS: tl.constexpr, HEADS: tl.constexpr, HP: tl.constexpr, D: tl.constexpr,
+                           TOKENS: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr, HKV: tl.constexpr,
                            FROM_CACHE: tl.constexpr, MAX_OVER_HEADS: tl.constexpr, FP8: tl.constexpr,
                            FP8_KEYS: tl.constexpr, USE_PTX: tl.constexpr, PREFETCH: tl.constexpr):
     """Program (token tile, group of BLOCKS blocks, KV head): per block ``S = q . k^T`` on the tensor cores,
@@ -513,6 +513,7 @@ def learned_block_scores(idx_q, keys, block_table, req, pos, scores, tokens: int
     rows = max(16, tokens * hp)  # tl.dot needs 16 rows
     cols = block_table.shape[1]
     _key_scores_kernel[(triton.cdiv(n, tokens), triton.cdiv(cols, blocks), 1)](
+        # pos stands in for query_rows, which QUERY_ROWS=False leaves unread
         idx_q, pos, keys, keys if key_exponents is None else key_exponents, block_table, req, pos, scores, n, cols,
         idx_q.stride(0), idx_q.stride(1), block_table.stride(0), block_table.stride(1), QUERY_ROWS=False,
         HEADS=heads, HP=hp, D=d, TOKENS=tokens, ROWS=rows, BLOCKS=blocks, HKV=1, FROM_CACHE=False,
@@ -554,8 +555,8 @@ def check_query_rows(queries: torch.Tensor, rows_per_token: int, n: int, query_r
     them (the caller guarantees them in range). ``ValueError`` naming ``caller`` otherwise."""
     if (queries.dim() != 3 or queries.shape[1:] != (rows_per_token, fmt.HEAD_DIM)
             or queries.dtype not in (torch.float16, torch.bfloat16, torch.float32) or queries.stride(2) != 1):
-        raise ValueError(f"{caller}: queries fp16/bf16/fp32 [rows, {rows_per_token}, {fmt.HEAD_DIM}] with unit stride in "
-                         f"the last dim expected, got {queries.dtype} {tuple(queries.shape)} strides "
+        raise ValueError(f"{caller}: queries fp16/bf16/fp32 [rows, {rows_per_token}, {fmt.HEAD_DIM}] with unit "
+                         f"stride in the last dim expected, got {queries.dtype} {tuple(queries.shape)} strides "
                          f"{queries.stride()}")
     if query_rows is None:
         if queries.shape[0] != n:

@@ -129,7 +129,8 @@ def _write_k_rows(cache_ptr, k_ptr, k_scale, n, slot, active, stride_kn, stride_
 
 @triton.jit
 def _v_rows(v_ptr, v_scale, n, active, stride_vn, stride_vh, kv_head, V_SCALE_BY_POINTER: tl.constexpr):
-    """V of the ``active`` tokens ``n``, quantized: E2M1 codes int32 ``[BLOCK_N, 128]``, scale codes ``[BLOCK_N, 8]``."""
+    """V of the ``active`` tokens ``n``, quantized: E2M1 codes int32 ``[BLOCK_N, 128]``, scale codes
+    ``[BLOCK_N, 8]``."""
     dims = tl.arange(0, HEAD_DIM)
     x = tl.load(v_ptr + n.to(tl.int64)[:, None] * stride_vn + kv_head * stride_vh + dims[None, :],
                 mask=active[:, None], other=0.0).to(tl.float32)
