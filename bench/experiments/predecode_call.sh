@@ -2,8 +2,7 @@
 # Predecoding (attention tiles + the proxy's fp8 key tiles), one call: GPU tests, the prefill variants (fused
 # 8-warp producer vs predecoded, one round), then end to end one_batch
 # 1 x 32768 with FlashInfer and ours (predecode auto) in one run, then ours with NVFP4_SPARSE_PREDECODE=off if time.
-# Run from a checkout of branch next/predecode-proxy (or main with bench/experiments/predecode.patch applied), as
-# a device call with carry [".gpu"]:
+# Run in main's checkout after `git apply bench/experiments/predecode.patch`, as a device call with carry [".gpu"]:
 #   bash bench/experiments/predecode_call.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LIMIT=${CALL_LIMIT:-585}
