@@ -14,7 +14,8 @@ kernels are timed too, ``triton_ms`` (``triton_prefill``) and ``gluon_ms`` (``gl
 specialized), with the relative difference of their outputs (``gluon_vs_triton_rel_diff``), and the Gluon
 prefill's parts: ``gluon_planner_ms`` (the union planner alone), ``gluon_kernel_ms`` (the kernel over a ready plan)
 and ``gluon_producer_only_ms`` (the kernel over the same plan with every member mask cleared: every page decoded,
-no products).
+no products); its predecoded mode (``triton_predecode``): ``gluon_predecoded_ms`` (predecoding, planning and kernel),
+``predecode_only_ms``, ``gluon_predecoded_same_bits``, and ``predecoded`` (whether the dispatcher's ``ours_ms`` took it).
 Peers in the same run: dense causal SDPA (bf16); FlashInfer's paged prefill (``flashinfer_peers.py``:
 fa2 and fa3 over bf16 K/V, fa2 over FlashInfer's NVFP4 KV cache), when FlashInfer imports; SGLang's in-tree
 ``flash_prefill_with_gqa_share_sparse`` on bf16 K/V holding the same values with the same selection
@@ -242,6 +243,7 @@ def prefill_kernels_case(row, args, out, flop):
     q, cache, block_ids, block_table, req, pos = args[:6]
     plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=cache.shape[1] // 2)
     row["implementation"] = plan.implementation
+    row["predecoded"] = plan.predecodes  # whether ours_ms (the dispatcher) predecoded
     if plan.implementation != "gluon":
         return
     from sglang_nvfp4.kernels import gluon_prefill
@@ -257,6 +259,19 @@ def prefill_kernels_case(row, args, out, flop):
     row["gluon_nan"] = bool(outs["gluon"].isnan().any())
     row["gluon_vs_triton_rel_diff"] = ((outs["gluon"].double() - outs["triton"].double()).norm()
                                        / outs["triton"].double().norm()).item()
+    # The predecoded mode (pages decoded once into fp16 tiles, then copied): whole launch, the predecoding alone, bits.
+    from sglang_nvfp4.kernels import triton_predecode
+
+    predecoded = triton_predecode.prepare(block_table, req, pos, cache.shape[1] // 2)
+
+    def predecoded_launch(out_):
+        triton_predecode.launch(cache, block_table, predecoded)
+        return gluon_prefill.launch(*args, out_, predecoded=predecoded)
+
+    row["gluon_predecoded_same_bits"] = torch.equal(predecoded_launch(torch.full_like(out, float("nan"))),
+                                                    outs["gluon"])
+    row["gluon_predecoded_ms"] = bench_ms(lambda: predecoded_launch(out))
+    row["predecode_only_ms"] = bench_ms(lambda: triton_predecode.launch(cache, block_table, predecoded))
     group = q.shape[1] // (cache.shape[1] // 2)
     tile_plan = gluon_prefill.plan(block_ids, block_table, req, pos, group)
     row["gluon_union_mean"] = tile_plan[0].float().mean().item()

@@ -5,8 +5,10 @@ of 16 tokens that share their decoded pages; measured and dropped, ``bench/resul
     PYTHONPATH=TREE python bench/bench_prefill_variants.py --out DIR/NAME.json [--t 32768] [--variants 1:8 1:4]
         [--patterns random shared8 indexer]
 
-A variant is ``CLUSTER:PRODUCER_WARPS``; a tree whose ``gluon_prefill.launch`` takes no ``cluster`` runs the variants
-with ``CLUSTER`` 1 only. ``TREE`` is the source tree whose ``sglang_nvfp4`` is measured, so two trees compare by
+A variant is ``CLUSTER:PRODUCER_WARPS``, or ``predecoded`` (the pages decoded once per layer into fp16 tiles that the
+kernel copies, ``triton_predecode``; the timed call is ``launch``'s predecoding, planning and kernel, the forward's
+``prepare`` made once before); a tree whose ``gluon_prefill.launch`` takes no ``cluster`` runs the variants with
+``CLUSTER`` 1 only, one without ``predecoded`` skips that variant. ``TREE`` is the source tree whose ``sglang_nvfp4`` is measured, so two trees compare by
 running this script once per tree on the same machine. Problems as in ``bench_regression.py``, same seeds: T =
 ``--t`` tokens of one request, 64 query / 4 KV heads with per-token random top-16, top-16 shared by runs of 8 (or 16:
 ``shared16``) tokens and the quest indexer's selection; 16/1 random. Each case is ``gluon_prefill.launch`` (planner
@@ -24,11 +26,14 @@ from bench_regression import HEAD_DIM, prefill_problem, random_ids, shared_ids, 
 from timing import graph_ms, output_hash, write_tree_record
 
 
+PREDECODED = "predecoded"
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--t", type=int, default=32768)
-    parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"], help="CLUSTER:PRODUCER_WARPS")
+    parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"], help="CLUSTER:PRODUCER_WARPS or predecoded")
     parser.add_argument("--patterns", nargs="+", default=["random", "shared8", "indexer"],
                         help="64/4 selections: random, shared8, shared16 (runs of 16 tokens), indexer")
     parser.add_argument("--device", default="cuda", help="cpu: check the arguments and the problems only")
@@ -58,13 +63,20 @@ def main(argv=None):
     from sglang_nvfp4 import __file__ as package_file
     from sglang_nvfp4.kernels import gluon_prefill
 
-    has_clusters = "cluster" in inspect.signature(gluon_prefill.launch).parameters
-    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants]
-    if not has_clusters:
-        skipped = [v for v in variants if v[0] != 1]
-        variants = [v for v in variants if v[0] == 1]
-        if skipped:
-            print(f"{package_file}: no cluster mode; variants {skipped} not run", flush=True)
+    try:
+        from sglang_nvfp4.kernels import triton_predecode
+    except ImportError:  # a tree without the predecoded mode
+        triton_predecode = None
+
+    launch_parameters = inspect.signature(gluon_prefill.launch).parameters
+    has_clusters = "cluster" in launch_parameters
+    has_predecoded = "predecoded" in launch_parameters
+    variants = [(0, 0) if v == PREDECODED else tuple(int(x) for x in v.split(":")) for v in args.variants]
+    skipped = [v for v in variants if (v != (0, 0) and v[0] != 1 and not has_clusters)
+               or (v == (0, 0) and not has_predecoded)]
+    variants = [v for v in variants if v not in skipped]
+    if skipped:
+        print(f"{package_file}: variants {skipped} not run (no such mode)", flush=True)
     dev = args.device
     rows = []
     for name, q, cache, ids, table, req, pos in problems(args.t, dev, args.patterns):
@@ -74,16 +86,23 @@ def main(argv=None):
         out = torch.empty_like(q)
         scale = torch.ones(1, device=dev)
         for cluster, warps in variants:
-            extra = {"cluster": cluster} if has_clusters else {}
+            extra = {"cluster": cluster} if has_clusters and cluster else {}
+            if (cluster, warps) == (0, 0):  # predecoded
+                extra = {"predecoded": triton_predecode.prepare(table, req, pos, cache.shape[1] // 2)}
+                warps = None
 
             def run():
+                if "predecoded" in extra:
+                    triton_predecode.launch(cache, table, extra["predecoded"])
                 gluon_prefill.launch(q, cache, ids, table, req, pos, scale, scale, HEAD_DIM**-0.5, out,
                                      producer_warps=warps, **extra)
 
             ms = graph_ms(run)
             digest = output_hash(out)
-            rows.append({"case": name, "cluster": cluster, "producer_warps": warps, "ms": ms, "hash": digest})
-            print(f"  {name} cluster={cluster} warps={warps}: {ms:.3f} ms  {digest}", flush=True)
+            variant = PREDECODED if "predecoded" in extra else f"{cluster}:{warps}"
+            rows.append({"case": name, "variant": variant, "cluster": cluster, "producer_warps": warps, "ms": ms,
+                         "hash": digest})
+            print(f"  {name} {variant}: {ms:.3f} ms  {digest}", flush=True)
         del out
     write_tree_record(args.out, "bench_prefill_variants.py", argv, package_file, rows, dev)
 

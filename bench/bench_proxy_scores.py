@@ -12,7 +12,10 @@ prompt, and its last ``--chunk`` tokens (an extend over the rest as prefix). ``-
 launch ``select_proxy_blocks`` gives it, the Gluon kernel at its default blocks per program
 (``gluon_proxy.blocks_per_program``) and at each ``--blocks``, for each ``--subtiles`` per consumer; each Gluon
 row has the max |difference| from the Triton scores and whether the same blocks are visible (NaN-poisoned
-outputs). CUDA-graph replays after an untimed
+outputs). ``--key-tiles``: the Gluon kernel at its defaults again, copying predecoded E4M3 key tiles
+(``triton_predecode``) instead of decoding pages (``gluon, key tiles``: its ms, the predecoding's own ms, which the
+attention shares, and whether its scores equal the decoding kernel's bit for bit on whole blocks). CUDA-graph
+replays after an untimed
 run, medians (``timing.graph_ms``). Writes ``DIR/proxy_scores.json``. The data behind
 ``gluon_proxy.blocks_per_program`` and its subtiles (``bench/results/proxy_scores_h200.md``).
 """
@@ -38,6 +41,7 @@ def parse_args(argv=None):
                         help="Gluon subtiles per consumer to time besides its default")
     parser.add_argument("--every", type=int, default=1,
                         help="score the tokens at positions N-1, 2N-1, ... only (runs of N scored as their last token)")
+    parser.add_argument("--key-tiles", action="store_true", help="also time the Gluon kernel on predecoded key tiles")
     parser.add_argument("--out", default="proxy_scores_out")
     args = parser.parse_args(argv)
     if args.t <= 0 or args.t % PAGE or not 0 < args.chunk <= args.t:
@@ -111,6 +115,23 @@ def main(argv=None):
                                         "max_abs_diff_vs_triton": diff, "same_visible_blocks": same})
                 print(f"  gluon {subtiles} subtiles, {count} blocks per program{' (default)' if is_default else ''}: "
                       f"{ms:.3f} ms, max |diff| {diff:.3g}, same visible blocks {same}", flush=True)
+                if is_default:
+                    decoded = got
+        if args.key_tiles:
+            from sglang_nvfp4.kernels import triton_predecode
+
+            predecoded = triton_predecode.prepare(table, req_n, pos_n, KV_HEADS, key_tiles=True)
+            predecode_ms = graph_ms(lambda: triton_predecode.launch(cache, table, predecoded))
+            got = torch.full_like(want, float("nan"))
+            ms = graph_ms(lambda: gluon_proxy.block_scores(qn, cache, table, req_n, pos_n, got, groups,
+                                                           key_tiles=predecoded.key_tiles))
+            whole = (torch.arange(blocks, device=dev) + 1) * PAGE <= predecoded.kv_len[0]  # blocks before the end
+            same = bool(torch.equal(got[:, :, whole], decoded[:, :, whole]))
+            results["rows"].append({"n": n, "of_tokens": count_in, "every": args.every, "kernel": "gluon, key tiles",
+                                    "default": True, "ms": ms, "predecode_ms": predecode_ms,
+                                    "same_bits_as_decoding_on_whole_blocks": same})
+            print(f"  gluon on key tiles: {ms:.3f} ms (+ predecoding {predecode_ms:.3f} ms, shared with the attention), "
+                  f"same bits as decoding {same}", flush=True)
         del want
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)

@@ -205,3 +205,28 @@ def test_forced_gluon_needs_hopper_and_falls_back_per_layer(monkeypatch):
     many_heads = torch.zeros(p.q.shape[0], 2 * gluon_decode.MAX_GROUP, fmt.HEAD_DIM)
     decode.run(many_heads, p.cache, random_block_ids(p, seed=0), 1.0, 1.0, 0.1)
     assert served == [16] and fallen_back == [2 * gluon_decode.MAX_GROUP]
+
+
+def test_predecode_setting_is_validated(monkeypatch):
+    monkeypatch.delenv(kernels.PREDECODE_ENV, raising=False)
+    assert kernels.predecode_setting() == "off"  # opt-in (bench/experiments/README.md)
+    assert kernels.predecode_setting({kernels.PREDECODE_ENV: " auto "}) == "auto"
+    with pytest.raises(ValueError, match="NVFP4_SPARSE_PREDECODE='on'"):
+        kernels.predecode_setting({kernels.PREDECODE_ENV: "on"})
+    monkeypatch.setenv(kernels.PREDECODE_ENV, "bogus")  # read when a forward is planned on a GPU, not on CPU
+    p = make_problem(33, [300], [20])
+    assert not kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1).predecodes
+
+
+@pytest.mark.parametrize("tokens, rows, width, want", [
+    (32768, 1, 256, True),  # a 32K prompt in one forward: 128 tokens per slot
+    (4096, 1, 256, True),  # exactly 16 tokens per slot
+    (4095, 1, 256, False),
+    (8192, 1, 1000, False),  # an 8K chunk over a 120K prefix
+    (32768, 8, 32, True),  # 8 prompts of 4K
+    (0, 0, 0, False),
+])
+def test_predecoding_pays_from_16_tokens_per_slot(tokens, rows, width, want):
+    from sglang_nvfp4.kernels import triton_predecode
+
+    assert triton_predecode.pays(tokens, torch.zeros(rows, width, dtype=torch.int32)) is want

@@ -15,40 +15,51 @@ import re
 import pytest
 import torch
 import triton
+from triton.runtime.jit import mangle_type
 
 from gluon_compile import compile_for_hopper, cuobjdump
 from sglang_nvfp4 import format as fmt
 
-from sglang_nvfp4.kernels import gluon_prefill
+from sglang_nvfp4.kernels import gluon_prefill, triton_predecode
 
 ON_HOPPER = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (sm_90) GPU")
 DEV = "cuda"
 
 
-def _signature(by_pointer: bool) -> dict:
+def _signature(by_pointer: bool, predecoded: bool) -> dict:
     ptr_scale = "*fp32" if by_pointer else "fp32"
+    # The predecoded tiles' TMA descriptor as the launcher passes it (its type only: a CPU tensor stands in).
+    tiles = torch.empty(1, 4, 2, fmt.PAGE_SIZE, fmt.HEAD_DIM, dtype=torch.float16)
+    desc = mangle_type(gluon_prefill.tiles_descriptor(tiles)) if predecoded else "constexpr"
     sig = {name: "*i32" for name in ("plan_len_ptr", "plan_page_ptr", "plan_block_ptr", "plan_members_ptr")}
-    sig = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8", "pos_ptr": "*i32", **sig,
+    sig = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8", "pos_ptr": "*i32", "tiles_desc": desc, **sig,
            "k_scale": ptr_scale, "v_scale": ptr_scale, "sm_scale": "fp32"}
     sig.update({name: "i32" for name in ("T", "stride_qt", "stride_qh", "stride_ot", "stride_oh")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "GROUP_POW2", "TOKENS", "WIDTH", "K_SCALE_BY_POINTER",
                                                "V_SCALE_BY_POINTER", "PRODUCER_WARPS", "CONSUMER_REGS",
-                                               "PRODUCER_REGS")})
+                                               "PRODUCER_REGS", "PREDECODED")})
     return sig
 
 
-def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int):
+def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int | None, predecoded: bool = False):
     """The kernel compiled for sm_90 with the installed Triton, as :func:`gluon_prefill.run` launches it for 4 KV
-    heads of ``group`` query heads, ``width`` ids per token and the ``producer_warps`` register plan (also used by
-    ``bench/gluon_resources.py``)."""
+    heads of ``group`` query heads, ``width`` ids per token and the ``producer_warps`` register plan, or in predecoded
+    mode (``producer_warps`` then ignored, as by ``run``); also used by ``bench/gluon_resources.py``."""
     tokens = gluon_prefill.tokens_per_consumer(group)
-    max_regs, consumer_regs, producer_regs = gluon_prefill.REGISTER_PLANS[producer_warps]
+    if predecoded:
+        producer_warps, plan = gluon_prefill.TILE_COPY_WARPS, gluon_prefill.TILE_COPY_REGISTER_PLAN
+    else:
+        plan = gluon_prefill.REGISTER_PLANS[producer_warps]
+    max_regs, consumer_regs, producer_regs = plan
     constexprs = {"HKV": 4, "GROUP": group, "GROUP_POW2": triton.next_power_of_2(group), "TOKENS": tokens,
                   "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
                   "V_SCALE_BY_POINTER": by_pointer, "PRODUCER_WARPS": producer_warps,
-                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs}
-    return compile_for_hopper(gluon_prefill._ws_prefill_kernel, _signature(by_pointer), constexprs, 4, max_regs)
+                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "PREDECODED": predecoded}
+    if not predecoded:
+        constexprs["tiles_desc"] = None
+    return compile_for_hopper(gluon_prefill._ws_prefill_kernel, _signature(by_pointer, predecoded), constexprs, 4,
+                              max_regs)
 
 
 @pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
@@ -77,6 +88,24 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
     # producer's live-key maximum.
     assert ptx.count("shfl.sync") < 40
+
+
+@pytest.mark.parametrize("group, width, by_pointer", [(16, 32, False), (8, 16, True)])
+def test_predecoded_mode_compiles_for_hopper(group, width, by_pointer):
+    """Predecoded mode: the producer warpgroup copies each union entry's K and V^T tiles with the TMA (128-byte
+    swizzled, two boxes of 64 dims per tile) and decodes nothing; the consumers are those of the fused kernel."""
+    max_regs, _, producer_regs = gluon_prefill.TILE_COPY_REGISTER_PLAN
+    compiled = compile_sm90(group, width, by_pointer, None, predecoded=True)
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.num_warps == 8 + gluon_prefill.TILE_COPY_WARPS
+    assert compiled.metadata.num_warps * 32 * max_regs <= 65536
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer_regs};", ptx)
+    assert compiled.metadata.shared <= 227 * 1024
+    assert ptx.count("cp.async.bulk.tensor.2d") == 2  # the K and the V^T copies (each split by warp into 2 boxes)
+    assert ptx.count("mbarrier.arrive.expect_tx") == 2
+    assert "cvt.rn.f16x2.e4m3x2" not in ptx and "ld.global.v2.b32" not in ptx  # no page decoding, no page loads
+    assert ptx.count("wgmma.mma_async") == compile_sm90(group, width, by_pointer, 8).asm["ptx"].count("wgmma.mma_async")
+    assert [m["block_size"] for m in compiled.metadata.tensordesc_meta] == [[fmt.PAGE_SIZE, 64]]
 
 
 def _producer_loop(sass: str) -> list[str]:
@@ -183,6 +212,68 @@ def test_producer_sizes_give_the_same_bits(lens, extends, heads, kv_heads, width
 
 @pytest.mark.gpu
 @hopper_only
+@pytest.mark.parametrize("lens, extends, heads, kv_heads, width", [
+    ([4396, 700], [4096, 700], 64, 4, 16),
+    ([33068, 700], [32768, 700], 64, 4, 32),
+    ([8492, 1000, 333], [8192, 999, 333], 16, 1, 32),
+    ([5000, 3000], [1000, 777], 32, 4, 16),
+    ([3000], [2999], 40, 4, 16),
+])
+@pytest.mark.parametrize("scales_on_device, key_tiles", [(False, False), (True, True)])
+def test_predecoded_mode_gives_the_same_bits(lens, extends, heads, kv_heads, width, scales_on_device, key_tiles):
+    """The pages decoded once into tiles (garbage, often E4M3 NaN codes, in every unwritten row; chunks that start
+    mid-page; tiles across requests), by the predecoding kernel with and without its E4M3 key tiles, give the fused
+    kernel's output bits (signed zeros included)."""
+    q, cache, block_ids, block_table, req, pos, _ = _problem(sum(lens) + 5, lens, extends, heads, kv_heads, width)
+    k_scale, v_scale = 0.5, 2.0
+    if scales_on_device:
+        k_scale, v_scale = torch.tensor([k_scale], device=DEV), torch.tensor([v_scale], device=DEV)
+    fused = gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5,
+                                 torch.full_like(q, float("nan")))
+    predecoded = triton_predecode.prepare(block_table, req, pos, kv_heads, key_tiles)
+    predecoded.tiles.fill_(float("nan"))  # slots past each request's keys must never be read
+    triton_predecode.launch(cache, block_table, predecoded)
+    out = gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, fmt.HEAD_DIM**-0.5,
+                               torch.full_like(q, float("nan")), predecoded=predecoded)
+    assert not fused.isnan().any()
+    assert torch.equal(out.view(torch.int16), fused.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_dispatcher_predecodes_long_prefills(monkeypatch, setting):
+    """A plan whose forward has enough tokens per block-table slot predecodes (unless turned off), with the same bits
+    as the fused kernel; a short extend over a long prefix does not."""
+    from sglang_nvfp4 import kernels
+
+    monkeypatch.setenv(kernels.PREDECODE_ENV, setting)
+    q, cache, block_ids, block_table, req, pos, _ = _problem(9, [8192], [8192], 64, 4, 16)
+    assert triton_predecode.pays(q.shape[0], block_table)
+    plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=4)
+    assert plan.predecodes == (setting == "auto")
+    direct = gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5,
+                                  torch.full_like(q, float("nan")))
+    assert torch.equal(plan.run(q, cache, block_ids, 0.5, 2.0, fmt.HEAD_DIM**-0.5), direct)
+    if setting == "auto":
+        # Another layer's cache through the same plan is decoded again (its own bits); the tiles are what the kernel
+        # reads: poisoned after that layer's decoding, the same cache object's second run reads them, not the cache.
+        other = cache.clone()
+        other[:, :4, :, :fmt.SCALE_OFFSET] ^= 0x11  # other K codes (an E2M1 mantissa bit of each), the same scales
+        want = gluon_prefill.launch(q, other, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5,
+                                    torch.full_like(q, float("nan")))
+        assert torch.equal(plan.run(q, other, block_ids, 0.5, 2.0, fmt.HEAD_DIM**-0.5), want)
+        assert not torch.equal(want, direct)
+        plan.predecode(other, q.shape[1], block_ids.shape[2]).tiles.fill_(float("nan"))
+        assert plan.run(q, other, block_ids, 0.5, 2.0, fmt.HEAD_DIM**-0.5).isnan().all()
+    tail = slice(q.shape[0] - 64, q.shape[0])
+    short = kernels.plan_attention("prefill", block_table, req[tail].contiguous(), pos[tail].contiguous(),
+                                   num_kv_heads=4)
+    assert not short.predecodes
+
+
+@pytest.mark.gpu
+@hopper_only
 def test_dispatcher_serves_hopper_prefill_with_gluon():
     from sglang_nvfp4 import kernels
 
@@ -216,11 +307,11 @@ def test_batch_invariant():
 
 @pytest.mark.gpu
 @hopper_only
-@pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
-def test_full_and_empty_unions(producer_warps):
+@pytest.mark.parametrize("producer_warps, predecoded", [(4, False), (8, False), (None, True)])
+def test_full_and_empty_unions(producer_warps, predecoded):
     """The producer reads each plan entry and its page one step ahead. Tiles whose union fills the plan row (every
     token selects blocks no other token of its tile does, so the read past the last entry is past the row) and
-    tiles with an empty union (every id -1: outputs 0) must match the reference."""
+    tiles with an empty union (every id -1: outputs 0) must match the reference, in predecoded mode too."""
     from sglang_nvfp4.reference import sparse_prefill_reference
     from test_kernels_gpu import filled_cache
 
@@ -243,8 +334,11 @@ def test_full_and_empty_unions(producer_warps):
     assert union_len.tolist() == [[full, 0, full, full]] * kv_heads  # the last tile's row ends the plan tensor
     q = (torch.randn(t, heads, fmt.HEAD_DIM, device=DEV, generator=gen) * 0.3).bfloat16()
     out = torch.full_like(q, float("nan"))
+    tiles = None  # the fused mode
+    if predecoded:
+        tiles = triton_predecode.launch(cache, block_table, triton_predecode.prepare(block_table, req, pos, kv_heads))
     gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5, out,
-                         producer_warps=producer_warps)
+                         producer_warps=producer_warps, predecoded=tiles)
     want = sparse_prefill_reference(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5)
     assert torch.equal(out[tile_tokens:2 * tile_tokens], torch.zeros_like(out[:tile_tokens]))
     assert _rel_err(out, want) < 6e-3

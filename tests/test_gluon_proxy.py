@@ -5,30 +5,57 @@ the GPU host's. On a Hopper GPU its scores are checked against float64 ones in `
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import triton
+from triton.runtime.jit import mangle_type
 
 from gluon_compile import compile_for_hopper
+from sglang_nvfp4 import format as fmt
 from sglang_nvfp4.kernels import gluon_proxy
 
 
-def _signature() -> dict:
+def _signature(key_tiles: bool) -> dict:
+    # The key tiles' TMA descriptor as the launcher passes it (its type only: a CPU tensor stands in).
+    tiles = torch.empty(1, 4, fmt.PAGE_SIZE, fmt.HEAD_DIM, dtype=torch.float8_e4m3fn)
+    desc = mangle_type(gluon_proxy.key_tiles_descriptor(tiles)) if key_tiles else "constexpr"
     sig = {"queries_ptr": "*bf16", "query_rows_ptr": "*i32", "cache_ptr": "*u8", "block_table_ptr": "*i32",
-           "req_ptr": "*i32", "pos_ptr": "*i32", "scores_ptr": "*fp32"}
+           "req_ptr": "*i32", "pos_ptr": "*i32", "scores_ptr": "*fp32", "keys_desc": desc}
     sig.update({name: "i32" for name in ("T", "num_cols", "stride_qt", "stride_qh", "stride_br", "stride_bs")})
-    sig.update({name: "constexpr" for name in ("HKV", "HEADS", "HP", "TOKENS", "BLOCKS", "SUBTILES", "QUERY_ROWS")})
+    sig.update({name: "constexpr" for name in ("HKV", "HEADS", "HP", "TOKENS", "BLOCKS", "SUBTILES", "QUERY_ROWS",
+                                               "KEY_TILES")})
     return sig
 
 
-def compile_sm90(groups: int, subtiles: int, query_rows: bool = True):
+def compile_sm90(groups: int, subtiles: int, query_rows: bool = True, key_tiles: bool = False):
     """The kernel compiled for sm_90 with the installed Triton for 4 KV heads of ``groups`` query groups, ``subtiles``
     per consumer and ``MAX_BLOCKS_PER_PROGRAM`` blocks, reading bf16 queries (the layer's) through ``query_rows`` or
-    in order (pointers 16-byte aligned, as the JIT specializes them; also used by ``bench/gluon_resources.py``)."""
+    in order (pointers 16-byte aligned, as the JIT specializes them), keys from the cache or from predecoded
+    ``key_tiles`` (also used by ``bench/gluon_resources.py``)."""
     constexprs = {"HKV": 4, "HEADS": groups, "HP": triton.next_power_of_2(groups),
                   "TOKENS": gluon_proxy.tokens_per_subtile(groups), "BLOCKS": gluon_proxy.MAX_BLOCKS_PER_PROGRAM,
-                  "SUBTILES": subtiles, "QUERY_ROWS": query_rows}
-    return compile_for_hopper(gluon_proxy._ws_proxy_scores_kernel, _signature(), constexprs, 4, gluon_proxy.MAX_REGS)
+                  "SUBTILES": subtiles, "QUERY_ROWS": query_rows, "KEY_TILES": key_tiles}
+    if not key_tiles:
+        constexprs["keys_desc"] = None
+    return compile_for_hopper(gluon_proxy._ws_proxy_scores_kernel, _signature(key_tiles), constexprs, 4,
+                              gluon_proxy.MAX_REGS)
+
+
+@pytest.mark.parametrize("groups, subtiles, query_rows", [(16, 4, True), (16, 2, False)])
+def test_key_tiles_mode_compiles_for_hopper(groups, subtiles, query_rows):
+    """With predecoded key tiles the producer copies each block's E4M3 tile with the TMA (one 128 x 128 box) and
+    decodes nothing; the consumers' products are those of the decoding kernel."""
+    compiled = compile_sm90(groups, subtiles, query_rows, key_tiles=True)
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.num_warps == 12 and compiled.metadata.shared <= 227 * 1024
+    assert ptx.count("cp.async.bulk.tensor.2d") == 1 and ptx.count("mbarrier.arrive.expect_tx") == 1
+    assert "cvt.rn.f16x2.e4m3x2" not in ptx  # no key decoding
+    assert "cvt.rn.satfinite.e4m3x2.f16x2" not in ptx  # nor rounding keys to E4M3 (the queries round from fp32)
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{gluon_proxy.KEY_TILE_PRODUCER_REGS.value};", ptx)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * subtiles * 2 * 4
+    assert [m["block_size"] for m in compiled.metadata.tensordesc_meta] == [[fmt.PAGE_SIZE, fmt.HEAD_DIM]]
 
 
 @pytest.mark.parametrize("groups, subtiles, query_rows", [(16, 4, True), (16, 4, False), (3, 4, False),

@@ -342,7 +342,10 @@ def check_fp8_kernel(device):
     too (:mod:`sglang_nvfp4.kernels.gluon_proxy`, where the dispatch sends fp8 prefill scores), with the same
     checks: two requests in one tile (scored token by token), 16 groups, 1, and 3 padded to 4; one request over
     several tiles (each scored in one pass; GPU only: too slow interpreted); and again in programs of 4 blocks
-    (several programs per row, some with nothing to score) and with 2 subtiles per consumer (the default is 4)."""
+    (several programs per row, some with nothing to score) and with 2 subtiles per consumer (the default is 4).
+    With predecoded key tiles (:mod:`sglang_nvfp4.kernels.triton_predecode`) the Gluon kernel gives its own scores
+    bit for bit, except in a request's last, partial block, where the tiles hold zeros past the forward's last
+    position: that block is every such token's own, which the rule selects whatever its score."""
     from sglang_nvfp4.kernels.triton_indexer import (PROXY_PREFILL_ROWS, _gluon_proxy_scores, learned_tiling,
                                                      proxy_block_scores)
 
@@ -367,14 +370,28 @@ def check_fp8_kernel(device):
             kernels["gluon, 4 blocks per program"] = lambda out: gluon(queries.to(device), *args[1:], out, groups,
                                                                        blocks=4)
             kernels["gluon, 2 subtiles"] = lambda out: gluon(queries.to(device), *args[1:], out, groups, subtiles=2)
+        outs = {}
         for name, kernel in kernels.items():
             got = torch.full(want.shape, float("nan"), device=device)  # poison: only blocks up to the own are written
             kernel(got)
+            outs[name] = got
             got = got.cpu().double()
             assert torch.equal(got.isnan(), want.isnan()), (name, seed, groups, decode)
             scale = want.nan_to_num().abs().max()
             tol = 1e-6 if device == "cpu" else 1e-3
             assert (got - want).nan_to_num().abs().max() <= tol * scale, (name, seed, groups, decode)
+        if gluon is not None:
+            from sglang_nvfp4.kernels import triton_predecode
+
+            predecoded = triton_predecode.prepare(*args[2:], cache.shape[1] // 2, key_tiles=True)
+            triton_predecode.launch(args[1], args[2], predecoded)
+            got = torch.full(want.shape, float("nan"), device=device)
+            gluon(queries.to(device), *args[1:], got, groups, key_tiles=predecoded.key_tiles)
+            full = (torch.arange(table.shape[1], device=device)[None, :] + 1) * fmt.PAGE_SIZE \
+                <= predecoded.kv_len[args[3].long()][:, None]  # [T, S]: blocks wholly before the forward's end
+            assert torch.equal(got.isnan(), outs["gluon"].isnan()), (seed, groups)
+            # NaN where both left a score unwritten (blocks past a token's own, before the forward's end)
+            assert torch.equal(got[:, full].nan_to_num(), outs["gluon"][:, full].nan_to_num()), (seed, groups)
         if device == "cpu":
             ids = [select_blocks_proxy(*args, topk=6, groups=groups, precision="fp8", impl=impl)
                    for impl in ("torch", "triton")]
@@ -426,6 +443,26 @@ def check_query_operands(device):
         select_proxy_blocks(shuffled, cache, table, req, pos, 6, 1, 1, groups=heads // 2, query_rows=perm.long())
 
 
+def check_key_tiles_selection(device):
+    """A long prefill's plan predecodes fp8 key tiles (Hopper); the proxy's selection with them equals the selection
+    without them, in both share modes."""
+    from sglang_nvfp4 import kernels
+
+    q, cache, table, req, pos = (x.to(device) for x in random_problem(6, group=16, seq_lens=(3000,), tokens=(3000,)))
+    plan = kernels.plan_attention("prefill", table, req, pos, num_kv_heads=cache.shape[1] // 2, key_tiles=True)
+    assert plan.predecodes
+    predecoded = plan.predecode(cache, q.shape[1], 16)
+    for share, share_score in [(1, "max"), (8, "last")]:
+        ids = [select_blocks_proxy(q, cache, table, req, pos, topk=16, groups=None, precision="fp8", share=share,
+                                   share_score=share_score, key_tiles=tiles)
+               for tiles in (None, predecoded.key_tiles)]
+        assert torch.equal(*ids), share
+    predecoded.key_tiles.view(torch.uint8).fill_(0x7F)  # NaN: the selection must read the tiles it is given
+    poisoned = select_blocks_proxy(q, cache, table, req, pos, topk=16, groups=None, precision="fp8",
+                                   key_tiles=predecoded.key_tiles)
+    assert not torch.equal(poisoned, ids[0])
+
+
 if INTERPRETED:
 
     def test_proxy_kernel_matches_torch_on_exact_ties():
@@ -453,3 +490,12 @@ else:
         check_fp8_kernel("cuda")
         check_shared_kernel("cuda")
         check_query_operands("cuda")
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()
+                             and torch.cuda.get_device_capability() == (9, 0)), reason="needs a Hopper GPU")
+    def test_key_tiles_give_the_same_selection(monkeypatch):
+        from sglang_nvfp4 import kernels
+
+        monkeypatch.setenv(kernels.PREDECODE_ENV, "auto")  # predecoding is opt-in
+        check_key_tiles_selection("cuda")

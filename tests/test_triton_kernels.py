@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=39, timeout=1200, run_s=125)  # the tests defined under ``if INTERPRETED``
+register_module(__file__, expected_passed=40, timeout=1200, run_s=130)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
@@ -101,6 +101,41 @@ if INTERPRETED:
                 assert got == sorted(want), (h, tile)
                 got_members = [m & 0xFFFFFFFF for m in plan[2, h, tile, :n].tolist()]  # int32 bit 31 = token 31
                 assert got_members == [want[k] for k in sorted(want)], (h, tile)
+
+    def test_predecode_decodes_each_visible_block_once_into_tiles():
+        """Slot ``r * S + b`` holds request r's block b as fp16 K and V^T tiles of ``value / TILE_SCALE``
+        (format.read_kv's decoding) and as E4M3 key tiles, keys at or past the request's last query position + 1
+        zeroed (their rows hold garbage, often E4M3 NaN codes), slots past them untouched; a request without query
+        tokens, a shared prefix page and partial pages included."""
+        from sglang_nvfp4.kernels import triton_predecode
+
+        from sglang_nvfp4.kernels.triton_indexer import FP8_KEY_SCALE
+
+        p = share_first_page(make_problem(46, [700, 390, 129], [21, 14, 6], num_kv_heads=2))
+        tokens = p.req < 2  # request 2 has no query token here: nothing of it is decoded
+        req, pos = p.req[tokens].contiguous(), p.pos[tokens].contiguous()
+        predecoded = triton_predecode.prepare(p.block_table, req, pos, p.hkv, key_tiles=True)
+        assert predecoded.kv_len.tolist() == [700, 390, 0]
+        assert predecoded.slot_table.flatten().tolist() == list(range(p.block_table.numel()))
+        predecoded.tiles.fill_(float("nan"))
+        predecoded.key_tiles.view(torch.uint8).fill_(0x7F)  # E4M3 NaN
+        triton_predecode.launch(p.cache, p.block_table, predecoded)
+        width = p.block_table.shape[1]
+        for r, kv_len in enumerate(predecoded.kv_len.tolist()):
+            for b in range(width):
+                tile, key_tile = predecoded.tiles[r * width + b], predecoded.key_tiles[r * width + b]
+                if b * fmt.PAGE_SIZE >= kv_len:
+                    assert tile.isnan().all() and (key_tile.view(torch.uint8) == 0x7F).all(), (r, b)
+                    continue
+                k, v = fmt.read_kv(p.cache, p.block_table[r, b : b + 1], 1 / 64, 1 / 64)  # TILE_SCALE = 64
+                live = (b * fmt.PAGE_SIZE + torch.arange(fmt.PAGE_SIZE) < kv_len)[:, None]
+                want_k = torch.where(live, k[0], 0.0).half()
+                assert torch.equal(tile[:, 0], want_k), (r, b)
+                assert torch.equal(tile[:, 1], torch.where(live, v[0], 0.0).half().transpose(-1, -2)), (r, b)
+                # The score kernels' keys: times FP8_KEY_SCALE (exact), rounded to nearest even E4M3; compared as
+                # values, as the interpreter's rounding (triton_indexer._to_e4m3) turns -0 into +0.
+                want_key = (want_k.float() * FP8_KEY_SCALE.value).to(torch.float8_e4m3fn)
+                assert torch.equal(key_tile.float(), want_key.float()), (r, b)
 
     @pytest.mark.parametrize("tokens_per_tile, width", [(4, 16), (8, 32), (16, 5), (32, 3)])
     def test_plan_lists_each_tiles_union_in_block_page_order(tokens_per_tile, width):

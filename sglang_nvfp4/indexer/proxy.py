@@ -66,13 +66,15 @@ def round_keys_fp8(keys: torch.Tensor) -> torch.Tensor:
 def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, req: torch.Tensor,
                         pos: torch.Tensor, *, topk: int = fmt.TOPK, sink_blocks: int = 1, local_blocks: int = 1,
                         groups: int | None = 1, precision: str = "fp16", share: int = 1, share_score: str = "max",
-                        impl: str = "auto") -> torch.Tensor:
+                        impl: str = "auto", key_tiles: torch.Tensor | None = None) -> torch.Tensor:
     """Top-``topk`` blocks per KV head and token, int32 ``[Hkv, T, topk]`` (ascending ids, then ``-1``), scored
     as in the module docstring with ``groups`` queries per KV head (``None``: every query head is one), the
     products' ``precision`` (``"fp16"`` or ``"fp8"``) and runs of ``share`` positions selecting once, scored by
     ``share_score`` (``"max"`` or ``"last"``).
     ``q [T, H, 128]``, ``cache`` the layer's NVFP4 cache, ``block_table [R, S]``, ``req``, ``pos [T]`` int32 as
-    in the kernel contract (:mod:`sglang_nvfp4.reference`)."""
+    in the kernel contract (:mod:`sglang_nvfp4.reference`). ``key_tiles``: the forward's predecoded E4M3 key tiles
+    holding ``cache``'s keys (:meth:`sglang_nvfp4.kernels.AttentionPlan.predecode`), which fp8 scores on Hopper copy
+    instead of decoding the cache's pages: the same selection."""
     hkv = fmt.check_cache(cache)
     t, heads = check_queries(q, hkv)
     group = heads // hkv
@@ -95,14 +97,14 @@ def select_blocks_proxy(q: torch.Tensor, cache: torch.Tensor, block_table: torch
             run, run_pos = runs
             last = at_run_ends(run, torch.arange(t, dtype=torch.int32, device=pos.device), run_pos.shape[0])
             chosen = _select(q, last, cache, block_table, req[last], run_pos, topk, sink_blocks, local_blocks, groups,
-                             precision, None, impl)
+                             precision, None, impl, key_tiles)
             return chosen.index_select(1, run)
     return _select(q, None, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision, runs,
-                   impl)
+                   impl, key_tiles)
 
 
 def _select(q, query_rows, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision, runs,
-            impl):
+            impl, key_tiles):
     """:func:`select_blocks_proxy` (arguments checked there) for the tokens of ``req``, ``pos``, whose queries are
     rows ``query_rows`` (int32) of ``q``, or all of them in order (``None``)."""
     hkv = cache.shape[1] // 2
@@ -122,7 +124,8 @@ def _select(q, query_rows, cache, block_table, req, pos, topk, sink_blocks, loca
         from ..kernels.triton_indexer import select_proxy_blocks
 
         return select_proxy_blocks(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks,
-                                   groups=groups, fp8=precision == "fp8", runs=runs, query_rows=query_rows)
+                                   groups=groups, fp8=precision == "fp8", runs=runs, query_rows=query_rows,
+                                   key_tiles=key_tiles)
     return _select_torch(queries, cache, block_table, req, pos, topk, sink_blocks, local_blocks, groups, precision,
                          runs)
 
@@ -156,6 +159,7 @@ class ProxyIndexer:
         check_share(share, share_score)
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
         self.precision, self.share, self.share_score = precision, share, share_score
+        self.wants_key_tiles = precision == "fp8"  # the Gluon fp8 scores copy predecoded key tiles
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:
@@ -173,7 +177,9 @@ class ProxyIndexer:
     def restore_tokens(self, layer_id, cache, slots, saved) -> None:
         return None
 
-    def select(self, layer_id, q, cache, block_table, req, pos, **model_inputs) -> torch.Tensor:
+    def select(self, layer_id, q, cache, block_table, req, pos, *, key_tiles=None, **model_inputs) -> torch.Tensor:
+        """As the protocol's; ``key_tiles``: the forward's predecoded E4M3 key tiles of this layer, when its plan
+        predecodes (:func:`select_blocks_proxy`)."""
         return select_blocks_proxy(q, cache, block_table, req, pos, topk=self.topk, sink_blocks=self.sink_blocks,
                                    local_blocks=self.local_blocks, groups=self.groups, precision=self.precision,
-                                   share=self.share, share_score=self.share_score)
+                                   share=self.share, share_score=self.share_score, key_tiles=key_tiles)

@@ -25,6 +25,14 @@ Which implementation serves a plan (:func:`resolve_implementation`):
   available, for the layers whose shape it serves (``flydsl.supports``: 16 query heads per KV head,
   at most 16 ids per token); other layers, decode and cache writes stay on Triton.
 
+Predecoding (Gluon prefill only, :mod:`.triton_predecode`): a plan whose forward has at least
+``triton_predecode.MIN_TOKENS_PER_SLOT`` query tokens per block-table slot (a long prefill) decodes each visible
+page once per layer into fp16 tiles (:meth:`AttentionPlan.predecode`, at the layer's first use), which the Gluon
+prefill then copies instead of decoding each page once per tile that selected it; planned with ``key_tiles``, also
+fp8 key tiles for the proxy indexer's Gluon scores, which the caller passes to its selection. Same output bits either
+way. Opt-in: ``NVFP4_SPARSE_PREDECODE=auto`` lets the plan decide, ``off`` (the default until its fixed GPU tests
+have run, ``bench/experiments/README.md``) never predecodes; read when a plan is made.
+
 ``NVFP4_SPARSE_KERNEL=reference|triton|gluon|flydsl`` forces an implementation on any device; it is read
 when a plan or a cache writer is made (the SGLang backend plans every forward, and once per captured
 batch size for decode CUDA graphs; the pool makes its writer at start-up) and by each one-call
@@ -70,6 +78,8 @@ __all__ = [
     "forced_implementation",
     "FORCE_ENV",
     "IMPLEMENTATIONS",
+    "PREDECODE_ENV",
+    "predecode_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +91,19 @@ IMPLEMENTATIONS = ("reference", "triton", "gluon", "flydsl")
 _PARTIAL = {("gluon", "prefill"): "gluon_prefill", ("gluon", "decode"): "gluon_decode", ("flydsl", "prefill"): "flydsl"}
 KINDS = ("prefill", "decode")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+PREDECODE_ENV = "NVFP4_SPARSE_PREDECODE"
+PREDECODE_SETTINGS = ("auto", "off")
+
+
+def predecode_setting(env=None) -> str:
+    """``NVFP4_SPARSE_PREDECODE`` (``off`` when unset): ``auto`` or ``off``; ``ValueError`` for another value.
+    ``env`` defaults to ``os.environ``."""
+    value = (os.environ if env is None else env).get(PREDECODE_ENV, "").strip() or "off"
+    if value not in PREDECODE_SETTINGS:
+        raise ValueError(f"{PREDECODE_ENV}={value!r}: expected one of {', '.join(PREDECODE_SETTINGS)}")
+    return value
 
 
 def forced_implementation(env=None) -> str | None:
@@ -168,10 +191,10 @@ class AttentionPlan:
     """Sparse attention planned for one forward: the shared metadata, validated, and the launcher.
 
     Built by :func:`plan_attention`; attributes ``kind``, ``implementation``, ``block_table``, ``req``,
-    ``pos``, ``num_tokens``, ``num_kv_heads``."""
+    ``pos``, ``num_tokens``, ``num_kv_heads``, ``predecodes``."""
 
     def __init__(self, kind: str, implementation: str, block_table: torch.Tensor, req: torch.Tensor,
-                 pos: torch.Tensor, num_kv_heads: int):
+                 pos: torch.Tensor, num_kv_heads: int, key_tiles: bool = False):
         self.kind, self.implementation = kind, implementation
         self.block_table, self.req, self.pos = block_table, req, pos
         self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
@@ -183,6 +206,37 @@ class AttentionPlan:
         self._supports = None
         if (implementation, kind) in _PARTIAL:
             self._supports, self._fallback = self._module(implementation).supports, self._launcher("triton")
+        # Options of this plan's own kernel (not the fallback): the forward's predecoded tiles, when they pay.
+        self._options = {}
+        if (implementation, kind) == ("gluon", "prefill") and predecode_setting() == "auto":
+            from . import triton_predecode
+
+            if triton_predecode.pays(self.num_tokens, block_table):
+                self._options["predecoded"] = triton_predecode.prepare(block_table, req, pos, num_kv_heads,
+                                                                       key_tiles)
+        self._predecoded_cache = None  # the layer cache the tiles hold
+
+    def predecode(self, cache: torch.Tensor, heads: int, width: int):
+        """The forward's predecoded tiles (:class:`.triton_predecode.Predecoded`) holding ``cache``'s pages, or
+        ``None`` when this plan does not predecode or its kernel does not serve a layer of ``heads`` query heads
+        and ``width`` ids per token. Decodes at the first call for a layer's cache (the same tensor object as
+        :meth:`run` gets; the cache must not change between this call and the layer's :meth:`run`): a caller that
+        selects with the key tiles calls it after the layer's cache write, and :meth:`run` decodes only for a
+        cache not decoded yet."""
+        predecoded = self._options.get("predecoded")
+        if predecoded is None or not self._supports(heads, self.num_kv_heads, width):
+            return None
+        if cache is not self._predecoded_cache:
+            from . import triton_predecode
+
+            triton_predecode.launch(cache, self.block_table, predecoded)
+            self._predecoded_cache = cache
+        return predecoded
+
+    @property
+    def predecodes(self) -> bool:
+        """Whether this plan's kernel predecodes the forward's pages (layers its kernel serves)."""
+        return "predecoded" in self._options
 
     def _module(self, implementation: str):
         """The kernel module of ``implementation`` (not the reference) for this plan's kind."""
@@ -209,25 +263,31 @@ class AttentionPlan:
         elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"out: expected {q.dtype} {tuple(q.shape)} on {q.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        launch = self._launch
+        launch, options = self._launch, self._options
         if self._supports is not None and not self._supports(h, hkv, width):
-            launch = self._fallback
+            launch, options = self._fallback, {}
+        elif options:
+            self.predecode(cache, h, width)
         if launch is _reference_launch:
             return launch(q, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, sm_scale, out)
         q_in = q if q.stride(-1) == 1 else q.contiguous()
         out_k = out if out.stride(-1) == 1 else torch.empty_like(q_in)
-        launch(q_in, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, float(sm_scale), out_k)
+        launch(q_in, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, float(sm_scale), out_k,
+               **options)
         if out_k is not out:
             out.copy_(out_k)
         return out
 
 
 def plan_attention(kind: str, block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, *,
-                   num_kv_heads: int) -> AttentionPlan:
+                   num_kv_heads: int, key_tiles: bool = False) -> AttentionPlan:
     """Plan sparse attention for one forward. ``kind``: ``"prefill"`` (any tokens) or ``"decode"`` (one
     query token per request); ``block_table`` int32 ``[R, S]``, ``req``/``pos`` int32 ``[T]`` on one
     device, ``req``/``pos`` contiguous (a plan keeps them: CUDA graphs captured with it read them in place;
-    see :mod:`sglang_nvfp4.reference`)."""
+    see :mod:`sglang_nvfp4.reference`); ``key_tiles``: predecode fp8 key tiles too, when predecoding (for the
+    proxy indexer's fp8 scores, :meth:`AttentionPlan.predecode`). A predecoding plan decodes each layer's cache
+    once, at its first :meth:`~AttentionPlan.predecode` or :meth:`~AttentionPlan.run`, keyed on the cache tensor
+    object: a caller must not rewrite a cache it already ran between that layer's calls."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
     if num_kv_heads < 1:
@@ -235,7 +295,8 @@ def plan_attention(kind: str, block_table: torch.Tensor, req: torch.Tensor, pos:
     check_token_metadata(block_table, req, pos, pos.numel(), block_table.device)
     if not (req.is_contiguous() and pos.is_contiguous()):
         raise ValueError("req/pos: must be contiguous (the plan keeps them, no copy)")
-    return AttentionPlan(kind, resolve_implementation(block_table.device), block_table, req, pos, num_kv_heads)
+    return AttentionPlan(kind, resolve_implementation(block_table.device), block_table, req, pos, num_kv_heads,
+                         key_tiles)
 
 
 def _attention(kind, q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):

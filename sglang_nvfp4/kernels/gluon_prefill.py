@@ -43,9 +43,10 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from . import triton_prefill
+from . import triton_predecode, triton_prefill
 from .gluon_common import SCALE_WORD, decode_words, k_scale_operand, live_token_masks, vt_scale_operands
 from .triton_common import (  # layout constants (Gluon constexprs too), the decoder, softmax and scale helpers
     BLOCK_WORDS,
@@ -65,6 +66,8 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
 
 ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
 STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the consumers
+# The ring's K and V^T slots (128 x 128 fp16, 128-byte swizzle), in which the predecoded mode's TMA copies land too.
+TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout.get_default_for([PAGE.value, HEAD_DIM.value], gl.float16))
 MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the widest run on a GPU so far
 # Register plans per producer size (warps): (registers per thread at launch, consumer, producer). The CTA's
 # (8 + producer warps) x 32 threads x the launch count fill the register file, one CTA per SM; the default
@@ -289,6 +292,31 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
 
 
 @gluon.jit
+def _tile_producer(tiles_desc, ptrs, bufs, sizes, HKV: gl.constexpr, WIDTH: gl.constexpr):
+    """Predecoded mode: copies the K and V^T tiles of every union entry from the predecoded tiles
+    (:mod:`.triton_predecode`; the plan's page field is the entry's tile slot) into the ring with the TMA, one
+    thread issuing. The ring's slots take the decoded tiles' shared layout, so the consumers read the same values
+    as from :func:`_producer`."""
+    plan_len_ptr, plan_slot_ptr = ptrs
+    k_bufs, v_bufs, k_ready, v_ready, empty = bufs
+    T, num_tiles = sizes
+    tile = num_tiles - 1 - gl.program_id(0)
+    kv_head = gl.program_id(1)
+    plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
+    union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
+    tile_bytes: gl.constexpr = PAGE * HEAD_DIM * 2
+    for u in range(union_len):
+        stage = u % STAGES
+        phase = (u // STAGES) & 1
+        row = (gl.load(plan_slot_ptr + plan + u) * HKV + kv_head) * (2 * PAGE)  # the slot's K rows, then V^T's
+        mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
+        mbarrier.expect(k_ready.index(stage), tile_bytes)
+        tma.async_copy_global_to_shared(tiles_desc, [row, 0], k_ready.index(stage), k_bufs.index(stage))
+        mbarrier.expect(v_ready.index(stage), tile_bytes)
+        tma.async_copy_global_to_shared(tiles_desc, [row + PAGE, 0], v_ready.index(stage), v_bufs.index(stage))
+
+
+@gluon.jit
 def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr,
               WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr):
     """Consumer ``half`` (0 or 1): tokens ``half * TOKENS ..`` of the tile, 64 rows, one warpgroup."""
@@ -372,15 +400,17 @@ def _consumer_worker(ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.co
 @gluon.jit
 def _ws_prefill_kernel(
     q_ptr, out_ptr, cache_ptr, pos_ptr,  # [T, H, 128], [T, H, 128], uint8 cache, int32 [T]
+    tiles_desc,  # predecoded mode: TMA descriptor of the tiles, [slots * Hkv * 256, 128] fp16; else None
     plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,
     k_scale, v_scale, sm_scale,
     T, stride_qt, stride_qh, stride_ot, stride_oh,
     HKV: gl.constexpr, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr, WIDTH: gl.constexpr,
     K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    PREDECODED: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float16)
+    tile_layout: gl.constexpr = TILE_LAYOUT
     q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float16)
     k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, PAGE, HEAD_DIM], tile_layout)
     v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, HEAD_DIM, PAGE], tile_layout)
@@ -389,9 +419,6 @@ def _ws_prefill_kernel(
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    plan_smem = (gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT),
-                 gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT),
-                 gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT))
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -400,14 +427,27 @@ def _ws_prefill_kernel(
     rings = (k_bufs, v_bufs, k_ready, v_ready, empty)
     consumer_ptrs = (q_ptr, out_ptr, pos_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr)
     scalars = (k_scale, v_scale, sm_scale, T, num_tiles, stride_qt, stride_qh, stride_ot, stride_oh)
-    gl.warp_specialize([
-        (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
-                     GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
-        (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
-                            GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
-        (_producer, ((cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr),
-                     rings + (plan_smem,), (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
-    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    # (The partitions are listed in each call: a function cannot be a value in Gluon.)
+    if PREDECODED:
+        gl.warp_specialize([
+            (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
+                         GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+            (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
+                                GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+            (_tile_producer, (tiles_desc, (plan_len_ptr, plan_page_ptr), rings, (T, num_tiles), HKV, WIDTH)),
+        ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        plan_smem = (gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT),
+                     gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT),
+                     gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT))
+        gl.warp_specialize([
+            (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
+                         GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+            (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
+                                GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+            (_producer, ((cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr),
+                         rings + (plan_smem,), (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
+        ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def plan(block_ids, block_table, req, pos, group: int):
@@ -416,38 +456,63 @@ def plan(block_ids, block_table, req, pos, group: int):
     return triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens_per_consumer(group))
 
 
-def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warps: int | None = None):
+# Predecoded mode (:mod:`.triton_predecode`): a producer warpgroup (one thread issues the TMA copies; Gluon would pad
+# one warp to four) with few registers; (registers per thread at
+# launch, consumer, producer) as in REGISTER_PLANS.
+TILE_COPY_WARPS = 4
+TILE_COPY_REGISTER_PLAN = (168, 192, 24)
+
+
+def tiles_descriptor(tiles: torch.Tensor) -> TensorDescriptor:
+    """The TMA descriptor of predecoded ``tiles`` (:func:`.triton_predecode.alloc_tiles`) as the kernel copies them:
+    rows of 128 fp16 values, 128 rows (one K or V^T tile) per copy."""
+    return TensorDescriptor.from_tensor(tiles.view(-1, HEAD_DIM.value), [PAGE.value, HEAD_DIM.value], TILE_LAYOUT.value)
+
+
+def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warps: int | None = None,
+        tiles: torch.Tensor | None = None):
     """The kernel over a :func:`plan` (``tile_plan``); ``q`` ``[T, H, 128]``, ``out`` like it, ``pos`` int32
     ``[T]``; ``producer_warps``: 4 or 8 (``REGISTER_PLANS``; default ``PRODUCER_WARPS``; either gives the same
-    output). Returns ``out``."""
-    producer_warps = PRODUCER_WARPS if producer_warps is None else producer_warps
-    if producer_warps not in REGISTER_PLANS:
-        raise ValueError(f"producer_warps: one of {sorted(REGISTER_PLANS)}, got {producer_warps}")
-    max_regs, consumer_regs, producer_regs = REGISTER_PLANS[producer_warps]
+    output). With ``tiles`` (predecoded, :mod:`.triton_predecode`; the plan made over their slot table) the
+    producer copies tiles instead of decoding pages (``producer_warps`` is then ignored): the same output bits.
+    Returns ``out``."""
+    if tiles is not None:
+        producer_warps, (max_regs, consumer_regs, producer_regs) = TILE_COPY_WARPS, TILE_COPY_REGISTER_PLAN
+    else:
+        producer_warps = PRODUCER_WARPS if producer_warps is None else producer_warps
+        if producer_warps not in REGISTER_PLANS:
+            raise ValueError(f"producer_warps: one of {sorted(REGISTER_PLANS)}, got {producer_warps}")
+        max_regs, consumer_regs, producer_regs = REGISTER_PLANS[producer_warps]
     t, h, _ = q.shape
     hkv = cache.shape[1] // 2
     group = h // hkv
-    union_len, tiles = tile_plan
+    union_len, entries = tile_plan
     _ws_prefill_kernel[(union_len.shape[1], hkv)](
-        q, out, cache, pos.contiguous(), union_len, tiles[0], tiles[1], tiles[2],
+        q, out, cache, pos.contiguous(), None if tiles is None else tiles_descriptor(tiles),
+        union_len, entries[0], entries[1], entries[2],
         k_scale, v_scale, float(sm_scale),
         t, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, GROUP=group, GROUP_POW2=triton.next_power_of_2(group), TOKENS=tokens_per_consumer(group),
-        WIDTH=tiles.shape[3],
+        WIDTH=entries.shape[3],
         K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
         PRODUCER_WARPS=producer_warps, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
-        num_warps=4, maxnreg=max_regs,
+        PREDECODED=tiles is not None, num_warps=4, maxnreg=max_regs,
     )
     return out
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
-           producer_warps: int | None = None):
+           producer_warps: int | None = None, predecoded: triton_predecode.Predecoded | None = None):
     """Sparse prefill on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_prefill`); arguments as
     validated by the dispatcher and as in :func:`.triton_prefill.launch`, the layer within
-    :func:`supports`; ``producer_warps`` as in :func:`run`. Returns ``out``."""
+    :func:`supports`; ``producer_warps`` as in :func:`run`. With ``predecoded`` (the forward's
+    :func:`.triton_predecode.prepare` over the same metadata, its tiles holding this layer's pages:
+    :func:`.triton_predecode.launch`) the kernel copies the tiles: the same output bits. Returns ``out``."""
     if q.shape[0] == 0:
         return out
     group = q.shape[1] // (cache.shape[1] // 2)
-    return run(q, cache, pos, plan(block_ids, block_table, req, pos, group), k_scale, v_scale, sm_scale, out,
-               producer_warps)
+    if predecoded is None:
+        return run(q, cache, pos, plan(block_ids, block_table, req, pos, group), k_scale, v_scale, sm_scale, out,
+                   producer_warps)
+    return run(q, cache, pos, plan(block_ids, predecoded.slot_table, req, pos, group), k_scale, v_scale, sm_scale,
+               out, tiles=predecoded.tiles)

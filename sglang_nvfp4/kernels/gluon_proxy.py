@@ -49,7 +49,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_common import decode_words, k_scale_operand, times_f16x2
 from .gluon_prefill import _flat_tile, _load_k, k_layout
@@ -69,7 +70,10 @@ PROGRAMS_PER_SM = 2  # the fewest programs per multiprocessor a launch aims for 
 SUBTILES = 4
 MAX_REGS = 168
 PRODUCER_REGS = gl.constexpr(120)
+KEY_TILE_PRODUCER_REGS = gl.constexpr(48)  # with predecoded key tiles the producer only issues copies
 CONSUMER_REGS = gl.constexpr(192)
+# The ring's key slots (128 x 128 E4M3, 128-byte swizzle), in which the key-tile mode's TMA copies land too.
+KEY_TILE_LAYOUT = gl.NVMMASharedLayout.get_default_for([PAGE.value, HEAD_DIM.value], gl.float8e4nv)
 # FP8_KEY_SCALE as fp16 bits in both halves of a word: the operand that scales each key scale.
 _KEY_FACTOR_F16X2 = gl.constexpr(
     int(torch.tensor(FP8_KEY_SCALE.value, dtype=torch.float16).view(torch.int16).item()) * 0x10001)
@@ -194,6 +198,33 @@ def _producer(item, ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, 
 
 
 @gluon.jit
+def _key_tile_producer(keys_desc, item, ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr,
+                       BLOCKS: gl.constexpr):
+    """With predecoded key tiles (:mod:`.triton_predecode`, slot ``r * S + b`` for block ``b`` of request ``r``):
+    copies each block's E4M3 key tile into the ring with the TMA instead of decoding its page (the same values as
+    :func:`_producer`'s)."""
+    req_ptr, pos_ptr = ptrs
+    k_bufs, ready, empty = bufs
+    T, num_cols = sizes
+    tile, first, kv_head = item
+    WARPS: gl.constexpr = gl.num_warps()
+    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    token, live, req, pos, one_request, passes = _tile_passes(req_ptr, pos_ptr, tile, T, TILE_T, token_layout)
+    passes = gl.where(first < gl.max(gl.where(live, pos // PAGE, -1), axis=0) + 1, passes, 0)
+    u = 0
+    for p in range(passes):
+        r, end = _pass_bounds(p, live, req, pos, one_request, first, BLOCKS, TILE_T, token_layout)
+        for b in range(first, end):
+            stage = u % STAGES
+            phase = (u // STAGES) & 1
+            row = ((r.to(gl.int32) * num_cols + b) * HKV + kv_head) * PAGE  # the slot's rows for this KV head
+            mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
+            mbarrier.expect(ready.index(stage), PAGE * HEAD_DIM)
+            tma.async_copy_global_to_shared(keys_desc, [row, 0], ready.index(stage), k_bufs.index(stage))
+            u += 1
+
+
+@gluon.jit
 def _subtile_queries(q_smem, queries, token0, T, kv_head, HEADS: gl.constexpr, HP: gl.constexpr,
                      QUERY_ROWS: gl.constexpr, rows_layout: gl.constexpr):
     """Rounds the query rows of the ``ROWS // HP`` tokens from ``token0`` to E4M3 into ``q_smem``, after a power
@@ -311,12 +342,13 @@ def _consumer_worker(item, ptrs, bufs, sizes, HEADS: gl.constexpr, HP: gl.conste
 @gluon.jit
 def _ws_proxy_scores_kernel(
     queries_ptr, query_rows_ptr, cache_ptr, block_table_ptr, req_ptr, pos_ptr, scores_ptr,  # see block_scores
+    keys_desc,  # with predecoded key tiles: their TMA descriptor, [slots * Hkv * 128, 128] E4M3; else None
     T, num_cols, stride_qt, stride_qh, stride_br, stride_bs,
     HKV: gl.constexpr, HEADS: gl.constexpr, HP: gl.constexpr, TOKENS: gl.constexpr, BLOCKS: gl.constexpr,
-    SUBTILES: gl.constexpr, QUERY_ROWS: gl.constexpr,
+    SUBTILES: gl.constexpr, QUERY_ROWS: gl.constexpr, KEY_TILES: gl.constexpr,
 ):
     item = _program_item(num_cols, HKV, BLOCKS)
-    ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.float8e4nv)
+    ring_layout: gl.constexpr = KEY_TILE_LAYOUT
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float8e4nv)
     k_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE, HEAD_DIM], ring_layout)
     q0_smem = gl.allocate_shared_memory(gl.float8e4nv, [SUBTILES, ROWS, HEAD_DIM], q_layout)  # a consumer's subtiles
@@ -329,25 +361,46 @@ def _ws_proxy_scores_kernel(
 
     consumer_ptrs = ((queries_ptr, query_rows_ptr, stride_qt, stride_qh), scores_ptr, req_ptr, pos_ptr)
     consumer_sizes = (T, num_cols)
-    gl.warp_specialize([
-        (_consumer, (0, item, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS, BLOCKS,
-                     SUBTILES, QUERY_ROWS)),
-        (_consumer_worker, (item, consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
-                            BLOCKS, SUBTILES, QUERY_ROWS)),
-        (_producer, (item, (cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
-                     (T, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
-    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    # (The partitions are listed in each call: a function cannot be a value in Gluon.)
+    if KEY_TILES:
+        gl.warp_specialize([
+            (_consumer, (0, item, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
+                         BLOCKS, SUBTILES, QUERY_ROWS)),
+            (_consumer_worker, (item, consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP,
+                                TOKENS, BLOCKS, SUBTILES, QUERY_ROWS)),
+            (_key_tile_producer, (keys_desc, item, (req_ptr, pos_ptr), (k_bufs, ready, empty), (T, num_cols), HKV,
+                                  2 * SUBTILES * TOKENS, BLOCKS)),
+        ], [4, 4], [CONSUMER_REGS, KEY_TILE_PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, item, consumer_ptrs, (q0_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP, TOKENS,
+                         BLOCKS, SUBTILES, QUERY_ROWS)),
+            (_consumer_worker, (item, consumer_ptrs, (q1_smem, k_bufs, ready, empty), consumer_sizes, HEADS, HP,
+                                TOKENS, BLOCKS, SUBTILES, QUERY_ROWS)),
+            (_producer, (item, (cache_ptr, block_table_ptr, req_ptr, pos_ptr), (k_bufs, ready, empty),
+                         (T, stride_br, stride_bs), HKV, 2 * SUBTILES * TOKENS, BLOCKS)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def key_tiles_descriptor(key_tiles: torch.Tensor) -> TensorDescriptor:
+    """The TMA descriptor of predecoded E4M3 key tiles (``[slots, Hkv, 128, 128]``, :mod:`.triton_predecode`) as the
+    producer copies them: one 128 x 128 tile per copy."""
+    return TensorDescriptor.from_tensor(key_tiles.view(-1, HEAD_DIM.value), [PAGE.value, HEAD_DIM.value],
+                                        KEY_TILE_LAYOUT)
 
 
 def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blocks: int | None = None,
-                 subtiles: int | None = None, query_rows: torch.Tensor | None = None) -> None:
+                 subtiles: int | None = None, query_rows: torch.Tensor | None = None,
+                 key_tiles: torch.Tensor | None = None) -> None:
     """:func:`.triton_indexer.proxy_block_scores` with ``fp8=True``, on this kernel (a chunk :func:`supports`), for
     the ``n`` tokens of ``req``, ``pos``: aggregated queries ``[n, Hkv * groups, 128]`` (fp16, or bf16 / fp32 rounded
     to fp16 as they load; unit stride in the last dim), or with ``query_rows`` (int32 ``[n]``) token ``i``'s at row
     ``query_rows[i]``, against the K of the NVFP4 ``cache``, block maxima over each KV head's groups into ``scores``
     fp32 ``[Hkv, n, S]`` (contiguous; visible blocks only); ``blocks``: blocks per program (default
     :func:`blocks_per_program`), ``subtiles``: 128-row subtiles per consumer, 2 or 4 (default ``SUBTILES``);
-    benchmarks sweep both."""
+    benchmarks sweep both. ``key_tiles``: the forward's predecoded E4M3 key tiles over ``block_table``
+    (:mod:`.triton_predecode`, holding this layer's pages), which the producer copies instead of decoding pages:
+    the same scores."""
     n, hkv = pos.shape[0], cache.shape[1] // 2
     check_query_rows(queries, hkv * groups, n, query_rows, "gluon_proxy.block_scores")
     if not scores.is_contiguous():
@@ -359,10 +412,16 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
         blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
+    if key_tiles is not None and (key_tiles.shape != (block_table.numel(), hkv, PAGE.value, HEAD_DIM.value)
+                                  or key_tiles.dtype != torch.float8_e4m3fn or not key_tiles.is_contiguous()):
+        raise ValueError(f"gluon_proxy.block_scores: key_tiles: expected contiguous float8_e4m3fn "
+                         f"{(block_table.numel(), hkv, PAGE.value, HEAD_DIM.value)}, got {key_tiles.dtype} "
+                         f"{tuple(key_tiles.shape)}")
     _ws_proxy_scores_kernel[(tiles * triton.cdiv(cols, blocks) * hkv,)](
-        queries, pos if query_rows is None else query_rows, cache, block_table, req, pos, scores, n, cols,
+        queries, pos if query_rows is None else query_rows, cache, block_table, req, pos, scores,
+        None if key_tiles is None else key_tiles_descriptor(key_tiles), n, cols,
         queries.stride(0), queries.stride(1), block_table.stride(0), block_table.stride(1),
         HKV=hkv, HEADS=groups, HP=triton.next_power_of_2(groups), TOKENS=tokens_per_subtile(groups),
-        BLOCKS=blocks, SUBTILES=subtiles, QUERY_ROWS=query_rows is not None,
+        BLOCKS=blocks, SUBTILES=subtiles, QUERY_ROWS=query_rows is not None, KEY_TILES=key_tiles is not None,
         num_warps=4, maxnreg=MAX_REGS,
     )

@@ -655,7 +655,8 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
                         score_bytes: int = LEARNED_SCORE_BYTES,
                         decode_blocks_per_step: int = LEARNED_DECODE_STEP,
                         runs: tuple[torch.Tensor, torch.Tensor] | None = None,
-                        query_rows: torch.Tensor | None = None) -> torch.Tensor:
+                        query_rows: torch.Tensor | None = None,
+                        key_tiles: torch.Tensor | None = None) -> torch.Tensor:
     """Triton path of :func:`sglang_nvfp4.indexer.select_blocks_proxy` (arguments checked there): int32
     ``block_ids [Hkv, T, topk]`` for the ``T`` tokens of ``req``, ``pos``. ``queries``: aggregated queries
     ``[T, Hkv * groups, 128]`` (``groups`` per KV head; fp16, or bf16 / fp32 that the score kernels round to fp16 as
@@ -665,7 +666,9 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
     group) rows); a block's score is the max over the KV head's groups, taken in the score kernel; ``fp8``: the
     products on E4M3-rounded queries and keys. fp8 prefill scores on Hopper run the warp-specialized Gluon kernel
     (:mod:`.gluon_proxy`) where it serves the call. ``runs``: select once per run of tokens
-    (:func:`_select_in_chunks`)."""
+    (:func:`_select_in_chunks`). ``key_tiles``: the forward's predecoded E4M3 key tiles over ``block_table``
+    (:mod:`.triton_predecode`), which the Gluon scores copy instead of decoding pages (the same scores; the Triton
+    kernel ignores them)."""
     t = pos.shape[0]
     hkv = cache.shape[1] // 2
     check_query_rows(queries, hkv * groups, t, query_rows, "select_proxy_blocks")
@@ -678,7 +681,7 @@ def select_proxy_blocks(queries: torch.Tensor, cache: torch.Tensor, block_table:
         chunk_queries, chunk_rows = (queries[part], None) if query_rows is None else (queries, query_rows[part])
         if gluon_scores is not None:
             gluon_scores(chunk_queries, cache, block_table, req[part], pos[part], scores, groups,
-                         query_rows=chunk_rows)
+                         query_rows=chunk_rows, key_tiles=key_tiles)
         else:
             proxy_block_scores(chunk_queries, cache, block_table, req[part], pos[part], scores, tokens, blocks,
                                groups, fp8, query_rows=chunk_rows)

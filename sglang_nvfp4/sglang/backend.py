@@ -131,7 +131,8 @@ class NVFP4SparseAttnBackend(AttentionBackend):
     def _metadata(self, kind: str, block_table, req, pos, dense_out=None) -> SparseForwardMetadata:
         """What every layer of this forward shares: the metadata, the dense selection (written into
         ``dense_out`` when given: CUDA graphs read static buffers), the kernel plan."""
-        plan = kernels.plan_attention(kind, block_table, req, pos, num_kv_heads=self.token_to_kv_pool.head_num)
+        plan = kernels.plan_attention(kind, block_table, req, pos, num_kv_heads=self.token_to_kv_pool.head_num,
+                                      key_tiles=getattr(self.indexer, "wants_key_tiles", False))
         dense = None
         if any(self.dense_layer):
             dense = all_visible_blocks(pos, block_table.shape[1])
@@ -215,7 +216,11 @@ class NVFP4SparseAttnBackend(AttentionBackend):
         if self.dense_layer[local_id]:
             block_ids = md.dense_block_ids.expand(layer.tp_k_head_num, -1, -1)
         else:
-            block_ids = self.indexer.select(local_id, q3, cache, md.block_table, md.req, md.pos, **model_inputs)
+            # A long prefill's plan predecodes the layer's pages once, here, for the selection and the attention.
+            predecoded = md.plan.predecode(cache, layer.tp_q_head_num, max(self.indexer.topk, fmt.TOPK))
+            tiles = {} if predecoded is None or predecoded.key_tiles is None else {"key_tiles": predecoded.key_tiles}
+            block_ids = self.indexer.select(local_id, q3, cache, md.block_table, md.req, md.pos, **model_inputs,
+                                            **tiles)
             if block_ids.shape[-1] < fmt.TOPK:  # one kernel variant (and decode split count) for every top-k
                 block_ids = torch.nn.functional.pad(block_ids, (0, fmt.TOPK - block_ids.shape[-1]), value=-1)
         k_scale, v_scale = layer_scales(layer)

@@ -33,6 +33,8 @@ variable                            default  meaning
                                              ``flydsl`` kernels; validated here, read by the pool's cache
                                              writer at start-up and by the kernel dispatcher when a forward
                                              is planned
+``NVFP4_SPARSE_PREDECODE``          off      ``auto``: a long Gluon prefill predecodes each layer's pages once
+                                             (:mod:`sglang_nvfp4.kernels.triton_predecode`; same bits)
 ==================================  =======  ==========================================================
 
 The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
@@ -226,6 +228,7 @@ def load_config(env=None) -> SparseConfig:
     if index_keys not in INDEX_KEY_STORAGE:
         raise ValueError(f"{_PREFIX}INDEX_KEYS={index_keys!r}: expected one of {tuple(INDEX_KEY_STORAGE)}")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
+    kernels.predecode_setting(env)  # and a bad NVFP4_SPARSE_PREDECODE
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
     # PROXY_SHARE=1: every token selects alone, and scores every token ("max" of one)
     share_score = share_score or (DEFAULT_PROXY_SHARE_SCORE if share > 1 else "max")
