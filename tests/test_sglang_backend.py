@@ -417,6 +417,53 @@ def test_a_model_indexer_plugs_in_without_touching_pool_or_kernels(monkeypatch):
     assert h.pool.get_kv_size_bytes()[0] == h.pool.num_pages * 128 * 72 + stamp.stamp.nbytes
 
 
+class KeyTileIndexer(SlotStampIndexer):
+    """:class:`SlotStampIndexer` asking for predecoded key tiles (as the fp8 ProxyIndexer does); records them."""
+
+    wants_key_tiles = True
+
+    def select(self, layer_id, q, cache, block_table, req, pos, key_tiles=None, **model_inputs):
+        self.seen_inputs.append(("select key_tiles", key_tiles))
+        return super().select(layer_id, q, cache, block_table, req, pos, **model_inputs)
+
+
+def test_predecoded_key_tiles_reach_an_indexer_that_wants_them(monkeypatch):
+    """The backend plans a forward with key tiles when its indexer wants them, has the plan predecode each layer
+    after the layer's cache write (the tiles then hold the written keys), and hands the layer's key tiles to the
+    selection. CPU plans never predecode, so the plan's ``predecode`` is replaced by one that records its call."""
+    from sglang_nvfp4 import kernels
+
+    monkeypatch.setattr(SparseConfig, "indexer_kind", lambda self, *layers: (KeyTileIndexer, {"topk": 2}))
+    plan_attention, seen, tiles = kernels.plan_attention, {}, torch.empty(0)
+
+    def recording_plan(*args, key_tiles=False, **kwargs):
+        plan = plan_attention(*args, key_tiles=key_tiles, **kwargs)
+        seen["planned_with_key_tiles"] = key_tiles
+
+        def predecode(cache, heads, width):
+            seen.setdefault("cache_at_predecode", cache.clone())  # the first call's
+            seen["heads"], seen["width"] = heads, width
+            return SimpleNamespace(key_tiles=tiles)
+
+        plan.predecode = predecode
+        return plan
+
+    monkeypatch.setattr(kernels, "plan_attention", recording_plan)
+    h = Harness(num_kv_heads=1, seed=10)
+    n = 300
+    h.map_request(0, h.take_pages(3), n)
+    q, k, v = h.qkv(n)
+    fb = h.batch(ForwardMode.EXTEND, [0], [n], [n])
+    h.backend.init_forward_metadata(fb)
+    with torch.no_grad():
+        h.backend.forward(q, k, v, h.layer, fb, idx_q=torch.zeros(n, 4, 128), idx_k=torch.arange(n, dtype=torch.int32))
+    assert seen["planned_with_key_tiles"] is True
+    assert torch.equal(seen["cache_at_predecode"], h.pool.layer_cache(0))  # the keys were written before
+    assert (seen["heads"], seen["width"]) == (16, fmt.TOPK)
+    given = [value for name, value in h.backend.indexer.seen_inputs if name == "select key_tiles"]
+    assert len(given) == 1 and given[0] is tiles
+
+
 # ---------------------------------------------------------------------------------------------
 # Start-up validation and configuration.
 # ---------------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ if INTERPRETED:
                 assert torch.equal(tile[:, 0], want_k), (r, b)
                 assert torch.equal(tile[:, 1], torch.where(live, v[0], 0.0).half().transpose(-1, -2)), (r, b)
                 # The score kernels' keys: times FP8_KEY_SCALE (exact), rounded to nearest even E4M3; compared as
-                # values, as the interpreter's rounding (triton_indexer._to_e4m3) turns -0 into +0.
+                # values, as the interpreter's rounding (triton_indexer.to_e4m3) turns -0 into +0.
                 want_key = (want_k.float() * FP8_KEY_SCALE.value).to(torch.float8_e4m3fn)
                 assert torch.equal(key_tile.float(), want_key.float()), (r, b)
 

@@ -191,7 +191,8 @@ class AttentionPlan:
     """Sparse attention planned for one forward: the shared metadata, validated, and the launcher.
 
     Built by :func:`plan_attention`; attributes ``kind``, ``implementation``, ``block_table``, ``req``,
-    ``pos``, ``num_tokens``, ``num_kv_heads``, ``predecodes``."""
+    ``pos``, ``num_tokens``, ``num_kv_heads``, ``predecodes`` (whether the layers its kernel serves are
+    predecoded, :meth:`predecode`)."""
 
     def __init__(self, kind: str, implementation: str, block_table: torch.Tensor, req: torch.Tensor,
                  pos: torch.Tensor, num_kv_heads: int, key_tiles: bool = False):
@@ -206,15 +207,16 @@ class AttentionPlan:
         self._supports = None
         if (implementation, kind) in _PARTIAL:
             self._supports, self._fallback = self._module(implementation).supports, self._launcher("triton")
-        # Options of this plan's own kernel (not the fallback): the forward's predecoded tiles, when they pay.
-        self._options = {}
+        # A long Gluon prefill predecodes its pages for the layers the Gluon kernel serves. The tiles are allocated
+        # at the first such layer, so a forward whose layers all fall back allocates none.
+        self.predecodes = False
         if (implementation, kind) == ("gluon", "prefill") and predecode_setting() == "auto":
             from . import triton_predecode
 
-            if triton_predecode.pays(self.num_tokens, block_table):
-                self._options["predecoded"] = triton_predecode.prepare(block_table, req, pos, num_kv_heads,
-                                                                       key_tiles)
-        self._predecoded_cache = None  # the layer cache the tiles hold
+            self.predecodes = triton_predecode.pays(self.num_tokens, block_table)
+        self._key_tiles = key_tiles
+        self._predecoded = None  # the forward's tiles (triton_predecode.Predecoded), once allocated
+        self._predecoded_cache = None  # the layer cache they hold
 
     def predecode(self, cache: torch.Tensor, heads: int, width: int):
         """The forward's predecoded tiles (:class:`.triton_predecode.Predecoded`) holding ``cache``'s pages, or
@@ -223,20 +225,21 @@ class AttentionPlan:
         :meth:`run` gets; the cache must not change between this call and the layer's :meth:`run`): a caller that
         selects with the key tiles calls it after the layer's cache write, and :meth:`run` decodes only for a
         cache not decoded yet."""
-        predecoded = self._options.get("predecoded")
-        if predecoded is None or not self._supports(heads, self.num_kv_heads, width):
+        if not self.predecodes or not self._supports(heads, self.num_kv_heads, width):
             return None
+        return self._tiles_holding(cache)
+
+    def _tiles_holding(self, cache: torch.Tensor):
+        """The forward's tiles holding ``cache``'s pages: allocated at the first call, decoded once per cache."""
+        from . import triton_predecode
+
+        if self._predecoded is None:
+            self._predecoded = triton_predecode.prepare(self.block_table, self.req, self.pos, self.num_kv_heads,
+                                                        self._key_tiles)
         if cache is not self._predecoded_cache:
-            from . import triton_predecode
-
-            triton_predecode.launch(cache, self.block_table, predecoded)
+            triton_predecode.launch(cache, self.block_table, self._predecoded)
             self._predecoded_cache = cache
-        return predecoded
-
-    @property
-    def predecodes(self) -> bool:
-        """Whether this plan's kernel predecodes the forward's pages (layers its kernel serves)."""
-        return "predecoded" in self._options
+        return self._predecoded
 
     def _module(self, implementation: str):
         """The kernel module of ``implementation`` (not the reference) for this plan's kind."""
@@ -263,11 +266,11 @@ class AttentionPlan:
         elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"out: expected {q.dtype} {tuple(q.shape)} on {q.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        launch, options = self._launch, self._options
+        launch, options = self._launch, {}
         if self._supports is not None and not self._supports(h, hkv, width):
-            launch, options = self._fallback, {}
-        elif options:
-            self.predecode(cache, h, width)
+            launch = self._fallback
+        elif self.predecodes:
+            options = {"predecoded": self._tiles_holding(cache)}
         if launch is _reference_launch:
             return launch(q, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, sm_scale, out)
         q_in = q if q.stride(-1) == 1 else q.contiguous()

@@ -56,6 +56,7 @@ from .gluon_common import decode_words, k_scale_operand, times_f16x2
 from .gluon_prefill import _flat_tile, _load_k, k_layout
 from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE
 from .triton_indexer import FP8_KEY_SCALE, check_query_rows
+from .triton_predecode import check_key_tiles
 
 ROWS = gl.constexpr(128)  # (token, group) rows per subtile: two 64-row wgmma tiles of one warpgroup
 STAGES = gl.constexpr(3)  # decoded key pages in flight between the producer and the consumers
@@ -412,11 +413,8 @@ def block_scores(queries, cache, block_table, req, pos, scores, groups: int, blo
     if blocks is None:
         multiprocessors = torch.cuda.get_device_properties(queries.device).multi_processor_count
         blocks = blocks_per_program(tiles, cols, hkv, multiprocessors)
-    if key_tiles is not None and (key_tiles.shape != (block_table.numel(), hkv, PAGE.value, HEAD_DIM.value)
-                                  or key_tiles.dtype != torch.float8_e4m3fn or not key_tiles.is_contiguous()):
-        raise ValueError(f"gluon_proxy.block_scores: key_tiles: expected contiguous float8_e4m3fn "
-                         f"{(block_table.numel(), hkv, PAGE.value, HEAD_DIM.value)}, got {key_tiles.dtype} "
-                         f"{tuple(key_tiles.shape)}")
+    if key_tiles is not None:
+        check_key_tiles(key_tiles, block_table.numel(), hkv, "gluon_proxy.block_scores")
     _ws_proxy_scores_kernel[(tiles * triton.cdiv(cols, blocks) * hkv,)](
         queries, pos if query_rows is None else query_rows, cache, block_table, req, pos, scores,
         None if key_tiles is None else key_tiles_descriptor(key_tiles), n, cols,

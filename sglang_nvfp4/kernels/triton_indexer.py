@@ -353,7 +353,7 @@ def _key_scores_kernel(idx_q_ptr, query_rows_ptr, keys_ptr, key_exponents_ptr, b
                     if FP8_KEYS:
                         k = k.to(tl.float16)  # exact, and one unpacking instruction per two codes
                 if FP8:
-                    k = _to_e4m3(k)  # decoded times FP8_KEY_SCALE: at most 336, no saturation
+                    k = to_e4m3(k)  # decoded times FP8_KEY_SCALE: at most 336, no saturation
                 # No causal mask: keys past a row's position lie in the row's own block, which the rule always
                 # selects (forced), so its score never counts, and later blocks are not stored.
                 s = tl.dot(q, tl.trans(k))  # fp32 [ROWS, 128]
@@ -413,11 +413,11 @@ def _fp8_query_rows(q):
     :func:`sglang_nvfp4.indexer.proxy.round_queries_fp8`)."""
     q = q.to(tl.float32)
     exponent = _row_exponents(q)
-    return _to_e4m3(q * _power_of_two(254 - exponent)[:, None]), _power_of_two(exponent) / FP8_KEY_SCALE
+    return to_e4m3(q * _power_of_two(254 - exponent)[:, None]), _power_of_two(exponent) / FP8_KEY_SCALE
 
 
 @triton.jit
-def _to_e4m3(x):
+def to_e4m3(x):
     """fp16 or fp32 -> E4M3, round to nearest even (``x`` within +-448). Compiled: the hardware conversion. Triton's
     interpreter (3.8) rounds wrongly where the rounding carries into the next power of two (127.6 -> 64) and
     breaks ties away from zero, so there ``x`` is first rounded to E4M3's grid in fp32 (adding and subtracting
@@ -718,7 +718,7 @@ def _write_fp8_index_keys_kernel(idx_k_ptr, slots_ptr, codes_ptr, exponents_ptr,
     k = k.to(tl.float32)
     exponent = _row_exponents(k)
     slot = tl.load(slots_ptr + row, mask=ok, other=0).to(tl.int64)
-    codes = _to_e4m3(k * _power_of_two(254 - exponent)[:, None])
+    codes = to_e4m3(k * _power_of_two(254 - exponent)[:, None])
     tl.store(codes_ptr + slot[:, None] * D + dims[None, :], codes, mask=ok[:, None])
     tl.store(exponents_ptr + slot, exponent.to(tl.uint8), mask=ok)
 

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .. import format as fmt
 from .triton_common import BLOCK_WORDS, HEAD_DIM, PAGE, load_k_tile, load_vt_tile, uses_ptx, vt_tile_dim
-from .triton_indexer import FP8_KEY_SCALE, _to_e4m3
+from .triton_indexer import FP8_KEY_SCALE, to_e4m3
 
 @triton.jit
 def _predecode_kernel(
@@ -60,7 +60,7 @@ def _predecode_kernel(
         tl.store(k_tile + PAGE * HEAD_DIM + vt_tile_dim(rows)[:, None] * PAGE + cols[None, :], vt)
         if KEY_TILES:  # times FP8_KEY_SCALE, a power of two: exact in fp16 (at most 336), then rounded to E4M3
             key_tile = key_tiles_ptr + (slot.to(tl.int64) * HKV + kv_head) * (PAGE * HEAD_DIM)
-            tl.store(key_tile + rows[:, None] * HEAD_DIM + cols[None, :], _to_e4m3(k * FP8_KEY_SCALE))
+            tl.store(key_tile + rows[:, None] * HEAD_DIM + cols[None, :], to_e4m3(k * FP8_KEY_SCALE))
 
 
 # The fused kernels decode a page once per tile that selected it: at least 2 decodes per token and KV head when
@@ -107,6 +107,15 @@ def kv_lengths(req: torch.Tensor, pos: torch.Tensor, num_requests: int) -> torch
 TILE_SHAPE = (2, fmt.PAGE_SIZE, fmt.HEAD_DIM)  # a slot's K and V^T tiles, per KV head
 
 
+def check_key_tiles(key_tiles: torch.Tensor, slots: int, num_kv_heads: int, where: str) -> None:
+    """``ValueError`` (prefixed by ``where``) unless ``key_tiles`` is contiguous float8_e4m3fn
+    ``[slots, Hkv, 128, 128]``, as :func:`prepare` makes them."""
+    want = (slots, num_kv_heads, *TILE_SHAPE[1:])
+    if key_tiles.shape != want or key_tiles.dtype != torch.float8_e4m3fn or not key_tiles.is_contiguous():
+        raise ValueError(f"{where}: key_tiles: expected contiguous float8_e4m3fn {want}, "
+                         f"got {key_tiles.dtype} {tuple(key_tiles.shape)}")
+
+
 def alloc_tiles(block_table: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """Uninitialised fp16 tiles ``[R * S, Hkv, 2, 128, 128]`` for ``block_table [R, S]`` (see the module docstring)."""
     slots = block_table.shape[0] * block_table.shape[1]
@@ -124,10 +133,8 @@ def launch(cache: torch.Tensor, block_table: torch.Tensor, predecoded: Predecode
     if tiles.shape != (slots, hkv, *TILE_SHAPE) or tiles.dtype != torch.float16 or not tiles.is_contiguous():
         raise ValueError(f"tiles: expected contiguous fp16 {(slots, hkv, *TILE_SHAPE)}, "
                          f"got {tiles.dtype} {tuple(tiles.shape)}")
-    if key_tiles is not None and (key_tiles.shape != (slots, hkv, *TILE_SHAPE[1:])
-                                  or key_tiles.dtype != torch.float8_e4m3fn or not key_tiles.is_contiguous()):
-        raise ValueError(f"key_tiles: expected contiguous float8_e4m3fn {(slots, hkv, *TILE_SHAPE[1:])}, "
-                         f"got {key_tiles.dtype} {tuple(key_tiles.shape)}")
+    if key_tiles is not None:
+        check_key_tiles(key_tiles, slots, hkv, "triton_predecode.launch")
     if slots:
         _predecode_kernel[(slots, hkv)](
             cache, block_table, predecoded.kv_len, tiles, tiles if key_tiles is None else key_tiles,
