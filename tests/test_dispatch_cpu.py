@@ -209,7 +209,8 @@ def test_forced_gluon_needs_hopper_and_falls_back_per_layer(monkeypatch):
 
 def test_predecode_setting_is_validated(monkeypatch):
     monkeypatch.delenv(kernels.PREDECODE_ENV, raising=False)
-    assert kernels.predecode_setting() == "off"  # opt-in (bench/experiments/README.md)
+    assert kernels.predecode_setting() == "auto"
+    assert kernels.predecode_setting({kernels.PREDECODE_ENV: "off"}) == "off"
     assert kernels.predecode_setting({kernels.PREDECODE_ENV: " auto "}) == "auto"
     with pytest.raises(ValueError, match="NVFP4_SPARSE_PREDECODE='on'"):
         kernels.predecode_setting({kernels.PREDECODE_ENV: "on"})

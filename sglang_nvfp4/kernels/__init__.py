@@ -30,8 +30,8 @@ Predecoding (Gluon prefill only, :mod:`.triton_predecode`): a plan whose forward
 page once per layer into fp16 tiles (:meth:`AttentionPlan.predecode`, at the layer's first use), which the Gluon
 prefill then copies instead of decoding each page once per tile that selected it; planned with ``key_tiles``, also
 fp8 key tiles for the proxy indexer's Gluon scores, which the caller passes to its selection. Same output bits either
-way. Opt-in: ``NVFP4_SPARSE_PREDECODE=auto`` lets the plan decide, ``off`` (the default until its fixed GPU tests
-have run, ``bench/experiments/README.md``) never predecodes; read when a plan is made.
+way. ``NVFP4_SPARSE_PREDECODE=auto`` (the default) lets the plan decide, ``off`` never predecodes; read when a plan
+is made.
 
 ``NVFP4_SPARSE_KERNEL=reference|triton|gluon|flydsl`` forces an implementation on any device; it is read
 when a plan or a cache writer is made (the SGLang backend plans every forward, and once per captured
@@ -98,9 +98,9 @@ PREDECODE_SETTINGS = ("auto", "off")
 
 
 def predecode_setting(env=None) -> str:
-    """``NVFP4_SPARSE_PREDECODE`` (``off`` when unset): ``auto`` or ``off``; ``ValueError`` for another value.
+    """``NVFP4_SPARSE_PREDECODE`` (``auto`` when unset): ``auto`` or ``off``; ``ValueError`` for another value.
     ``env`` defaults to ``os.environ``."""
-    value = (os.environ if env is None else env).get(PREDECODE_ENV, "").strip() or "off"
+    value = (os.environ if env is None else env).get(PREDECODE_ENV, "").strip() or "auto"
     if value not in PREDECODE_SETTINGS:
         raise ValueError(f"{PREDECODE_ENV}={value!r}: expected one of {', '.join(PREDECODE_SETTINGS)}")
     return value

@@ -33,8 +33,9 @@ variable                            default  meaning
                                              ``flydsl`` kernels; validated here, read by the pool's cache
                                              writer at start-up and by the kernel dispatcher when a forward
                                              is planned
-``NVFP4_SPARSE_PREDECODE``          off      ``auto``: a long Gluon prefill predecodes each layer's pages once
-                                             (:mod:`sglang_nvfp4.kernels.triton_predecode`; same bits)
+``NVFP4_SPARSE_PREDECODE``          auto     ``auto``: a long Gluon prefill predecodes each layer's pages once
+                                             (:mod:`sglang_nvfp4.kernels.triton_predecode`; same bits);
+                                             ``off``: never
 ==================================  =======  ==========================================================
 
 The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
