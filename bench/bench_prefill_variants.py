@@ -2,8 +2,8 @@
 sizes (4 or 8 warps) and, in a tree that has it, its cluster mode (branch ``next/cluster``: clusters of 2 CTAs per tile
 of 16 tokens that share their decoded pages; measured and dropped, ``bench/results/cluster_prefill_h200.md``).
 
-    PYTHONPATH=TREE python bench/bench_prefill_variants.py --out DIR/NAME.json [--t 32768] [--variants 1:8 1:4]
-        [--patterns random shared8 indexer]
+    PYTHONPATH=TREE python bench/bench_prefill_variants.py --out DIR/NAME.json [--t 32768] [--chunk C]
+        [--variants 1:8 1:4] [--patterns random shared8 indexer]
 
 A variant is ``CLUSTER:PRODUCER_WARPS``, or ``predecoded`` (the pages decoded once per layer into fp16 tiles that the
 kernel copies, ``triton_predecode``; the timed call is ``launch``'s predecoding, planning and kernel, the forward's
@@ -11,7 +11,10 @@ kernel copies, ``triton_predecode``; the timed call is ``launch``'s predecoding,
 ``CLUSTER`` 1 only, one without ``predecoded`` skips that variant. ``TREE`` is the source tree whose ``sglang_nvfp4`` is measured, so two trees compare by
 running this script once per tree on the same machine. Problems as in ``bench_regression.py``, same seeds: T =
 ``--t`` tokens of one request, 64 query / 4 KV heads with per-token random top-16, top-16 shared by runs of 8 (or 16:
-``shared16``) tokens and the quest indexer's selection; 16/1 random. Each case is ``gluon_prefill.launch`` (planner
+``shared16``) tokens and the quest indexer's selection; 16/1 random. ``--chunk C`` times only the prompt's last ``C``
+tokens (their selections as in the whole prompt): an extend over a prefix of ``T - C`` tokens, the last chunk of a
+long prompt under SGLang's chunked prefill, where the forward has ``C / (T / 128)`` query tokens per block-table slot,
+the density that ``triton_predecode.pays`` decides on. Each case is ``gluon_prefill.launch`` (planner
 and kernel) replayed from a CUDA graph after an untimed run, the median of ``triton.testing.do_bench``; every output
 is hashed, so equal hashes across variants and trees mean the same bits.
 """
@@ -33,15 +36,20 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--t", type=int, default=32768)
+    parser.add_argument("--chunk", type=int, default=0, help="time the last C tokens only (0: all T)")
     parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"], help="CLUSTER:PRODUCER_WARPS or predecoded")
     parser.add_argument("--patterns", nargs="+", default=["random", "shared8", "indexer"],
                         help="64/4 selections: random, shared8, shared16 (runs of 16 tokens), indexer")
     parser.add_argument("--device", default="cuda", help="cpu: check the arguments and the problems only")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 <= args.chunk <= args.t or args.chunk % 8:
+        parser.error(f"--chunk {args.chunk}: expected a multiple of 8 in [0, --t]")
+    return args
 
 
-def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
-    """Yields ``(name, q, cache, ids, table, req, pos)`` for the cases above (fixed seeds)."""
+def problems(t: int, dev: str, patterns=("random", "shared8", "indexer"), chunk: int = 0):
+    """Yields ``(name, q, cache, ids, table, req, pos)`` for the cases above (fixed seeds); with ``chunk``, the last
+    ``chunk`` tokens' ``q``, ``ids``, ``req`` and ``pos`` only."""
     from sglang_nvfp4.indexer import BlockSummaries, select_blocks
 
     for heads, hkv, patterns in ((64, 4, tuple(patterns)), (16, 1, ("random",))):
@@ -55,7 +63,12 @@ def problems(t: int, dev: str, patterns=("random", "shared8", "indexer")):
                 summaries = BlockSummaries(cache.shape[0], hkv, device=dev)
                 summaries.update(cache, token_slots(table[0], t))
                 ids = select_blocks(q, summaries, table, req, pos)
-            yield f"prefill_T{t}_{heads}x{hkv}_{pattern}", q, cache, ids, table, req, pos
+            if chunk:
+                last = slice(t - chunk, t)
+                yield (f"prefill_T{t}_C{chunk}_{heads}x{hkv}_{pattern}", q[last], cache, ids[:, last].contiguous(),
+                       table, req[last], pos[last])
+            else:
+                yield f"prefill_T{t}_{heads}x{hkv}_{pattern}", q, cache, ids, table, req, pos
 
 
 def main(argv=None):
@@ -79,7 +92,7 @@ def main(argv=None):
         print(f"{package_file}: variants {skipped} not run (no such mode)", flush=True)
     dev = args.device
     rows = []
-    for name, q, cache, ids, table, req, pos in problems(args.t, dev, args.patterns):
+    for name, q, cache, ids, table, req, pos in problems(args.t, dev, args.patterns, args.chunk):
         if dev == "cpu":
             print(f"{name}: ids {tuple(ids.shape)}; variants {variants}", flush=True)
             continue
@@ -101,7 +114,7 @@ def main(argv=None):
             digest = output_hash(out)
             variant = PREDECODED if "predecoded" in extra else f"{cluster}:{warps}"
             rows.append({"case": name, "variant": variant, "cluster": cluster, "producer_warps": warps, "ms": ms,
-                         "hash": digest})
+                         "hash": digest, "tokens_per_slot": q.shape[0] / table.numel()})
             print(f"  {name} {variant}: {ms:.3f} ms  {digest}", flush=True)
         del out
     write_tree_record(args.out, "bench_prefill_variants.py", argv, package_file, rows, dev)

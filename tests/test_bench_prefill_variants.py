@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -31,3 +32,21 @@ def test_shared_runs_repeat_one_selection_per_run():
     runs = ids.view(ids.shape[0], -1, 16, ids.shape[2])
     assert torch.equal(runs, runs[:, :, :1].expand_as(runs))
     assert len({tuple(run.flatten().tolist()) for run in runs[:, :, 0].transpose(0, 1)}) > 8  # not one selection
+
+
+def test_a_chunk_is_the_whole_prompts_last_tokens_with_their_selections():
+    whole = {name: case for name, *case in bench_prefill_variants.problems(1024, "cpu", ["random", "indexer"])}
+    chunks = {name: case for name, *case in bench_prefill_variants.problems(1024, "cpu", ["random", "indexer"], 256)}
+    assert list(chunks) == [name.replace("T1024_", "T1024_C256_") for name in whole]
+    for name, (q, cache, ids, table, req, pos) in whole.items():
+        cq, ccache, cids, ctable, creq, cpos = chunks[name.replace("T1024_", "T1024_C256_")]
+        assert torch.equal(cq, q[-256:]) and torch.equal(cids, ids[:, -256:]) and torch.equal(cpos, pos[-256:])
+        assert torch.equal(creq, req[-256:]) and torch.equal(ccache, cache) and torch.equal(ctable, table)
+        assert int(cpos[0]) == 768  # an extend over a prefix of 768 tokens
+
+
+def test_a_chunk_must_be_a_multiple_of_8_within_the_prompt(capsys):
+    for chunk in ("12", "2048"):
+        with pytest.raises(SystemExit):
+            bench_prefill_variants.parse_args(["--out", "x.json", "--t", "1024", "--chunk", chunk])
+        assert f"--chunk {chunk}: expected a multiple of 8" in capsys.readouterr().err
