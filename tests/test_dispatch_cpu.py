@@ -219,15 +219,25 @@ def test_predecode_setting_is_validated(monkeypatch):
     assert not kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1).predecodes
 
 
-@pytest.mark.parametrize("tokens, rows, width, want", [
-    (32768, 1, 256, True),  # a 32K prompt in one forward: 128 tokens per slot
-    (4096, 1, 256, True),  # exactly 16 tokens per slot
-    (4095, 1, 256, False),
-    (8192, 1, 1000, False),  # an 8K chunk over a 120K prefix
-    (32768, 8, 32, True),  # 8 prompts of 4K
-    (0, 0, 0, False),
+@pytest.mark.parametrize("tokens, rows, width, run, want", [
+    (32768, 1, 256, 8, True),  # a 32K prompt in one forward: 128 tokens per slot
+    (4096, 1, 256, 8, True),  # exactly 16 tokens per slot, selections shared by runs of 8
+    (4095, 1, 256, 8, False),
+    (4095, 1, 256, 2, False),  # any sharing run: 16
+    (8192, 1, 1000, 8, False),  # an 8K chunk over a 120K prefix: 8 per slot
+    (8192, 1, 1000, 1, True),  # the same with per-token selections (MiniMax-M3's): from 4 per slot
+    (4096, 1, 1024, 1, True),  # exactly 4
+    (4095, 1, 1024, 1, False),
+    (32768, 8, 32, 8, True),  # 8 prompts of 4K
+    (0, 0, 0, 1, False),
 ])
-def test_predecoding_pays_from_16_tokens_per_slot(tokens, rows, width, want):
+def test_predecoding_pays_from_4_tokens_per_slot_or_16_with_shared_selections(tokens, rows, width, run, want):
     from sglang_nvfp4.kernels import triton_predecode
 
-    assert triton_predecode.pays(tokens, torch.zeros(rows, width, dtype=torch.int32)) is want
+    assert triton_predecode.pays(tokens, torch.zeros(rows, width, dtype=torch.int32), run) is want
+
+
+def test_plan_refuses_a_selection_run_below_1():
+    p = make_problem(34, [300], [20])
+    with pytest.raises(ValueError, match="selection_run: must be >= 1, got 0"):
+        kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1, selection_run=0)

@@ -166,6 +166,8 @@ def test_shared_selection_leaves_decode_batches_and_checks_its_value():
             ProxyIndexer(2, 5, 2, "cpu", share=bad)
     with pytest.raises(ValueError, match="share_score='mean': expected one of \\('max', 'last'\\)"):
         select_blocks_proxy(q, cache, table, req, pos, share=8, share_score="mean")
+    # the backend plans with the indexer's runs: predecoding needs more tokens per slot when runs share selections
+    assert [ProxyIndexer(2, 5, 2, "cpu", share=share).selection_run for share in (1, 8)] == [1, 8]
 
 
 def test_fp8_rounding_of_queries_and_keys_by_hand():

@@ -421,6 +421,7 @@ class KeyTileIndexer(SlotStampIndexer):
     """:class:`SlotStampIndexer` asking for predecoded key tiles (as the fp8 ProxyIndexer does); records them."""
 
     wants_key_tiles = True
+    selection_run = 4  # as a ProxyIndexer with share 4
 
     def select(self, layer_id, q, cache, block_table, req, pos, key_tiles=None, **model_inputs):
         self.seen_inputs.append(("select key_tiles", key_tiles))
@@ -428,17 +429,18 @@ class KeyTileIndexer(SlotStampIndexer):
 
 
 def test_predecoded_key_tiles_reach_an_indexer_that_wants_them(monkeypatch):
-    """The backend plans a forward with key tiles when its indexer wants them, has the plan predecode each layer
-    after the layer's cache write (the tiles then hold the written keys), and hands the layer's key tiles to the
-    selection. CPU plans never predecode, so the plan's ``predecode`` is replaced by one that records its call."""
+    """The backend plans a forward with key tiles when its indexer wants them and with its selection runs, has the
+    plan predecode each layer after the layer's cache write (the tiles then hold the written keys), and hands the
+    layer's key tiles to the selection. CPU plans never predecode, so the plan's ``predecode`` is replaced by one that
+    records its call."""
     from sglang_nvfp4 import kernels
 
     monkeypatch.setattr(SparseConfig, "indexer_kind", lambda self, *layers: (KeyTileIndexer, {"topk": 2}))
     plan_attention, seen, tiles = kernels.plan_attention, {}, torch.empty(0)
 
-    def recording_plan(*args, key_tiles=False, **kwargs):
-        plan = plan_attention(*args, key_tiles=key_tiles, **kwargs)
-        seen["planned_with_key_tiles"] = key_tiles
+    def recording_plan(*args, key_tiles=False, selection_run=1, **kwargs):
+        plan = plan_attention(*args, key_tiles=key_tiles, selection_run=selection_run, **kwargs)
+        seen["planned_with_key_tiles"], seen["selection_run"] = key_tiles, selection_run
 
         def predecode(cache, heads, width):
             seen.setdefault("cache_at_predecode", cache.clone())  # the first call's
@@ -457,7 +459,7 @@ def test_predecoded_key_tiles_reach_an_indexer_that_wants_them(monkeypatch):
     h.backend.init_forward_metadata(fb)
     with torch.no_grad():
         h.backend.forward(q, k, v, h.layer, fb, idx_q=torch.zeros(n, 4, 128), idx_k=torch.arange(n, dtype=torch.int32))
-    assert seen["planned_with_key_tiles"] is True
+    assert seen["planned_with_key_tiles"] is True and seen["selection_run"] == 4
     assert torch.equal(seen["cache_at_predecode"], h.pool.layer_cache(0))  # the keys were written before
     assert (seen["heads"], seen["width"]) == (16, fmt.TOPK)
     given = [value for name, value in h.backend.indexer.seen_inputs if name == "select key_tiles"]

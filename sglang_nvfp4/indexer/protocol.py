@@ -51,7 +51,9 @@ class BlockIndexer(Protocol):
     topk: int  # the most block ids per row that select() returns (its K)
     # Optional, so not a protocol member (absent = False): ``wants_key_tiles``, True when select() takes ``key_tiles``,
     # a long prefill's predecoded E4M3 key tiles of the layer (:meth:`sglang_nvfp4.kernels.AttentionPlan.predecode`),
-    # which the backend then has its plan make (the fp8 ProxyIndexer).
+    # which the backend then has its plan make (the fp8 ProxyIndexer); ``selection_run`` (absent = 1), how many
+    # consecutive tokens of a prefill share one selection (the ProxyIndexer's ``share``), which the plan's choice to
+    # predecode depends on (:func:`sglang_nvfp4.kernels.triton_predecode.pays`).
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:

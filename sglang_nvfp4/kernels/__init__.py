@@ -26,7 +26,8 @@ Which implementation serves a plan (:func:`resolve_implementation`):
   at most 16 ids per token); other layers, decode and cache writes stay on Triton.
 
 Predecoding (Gluon prefill only, :mod:`.triton_predecode`): a plan whose forward has at least
-``triton_predecode.MIN_TOKENS_PER_SLOT`` query tokens per block-table slot (a long prefill) decodes each visible
+``triton_predecode.MIN_TOKENS_PER_SLOT`` query tokens per block-table slot (4; 16 when runs of tokens share their
+selections, ``MIN_TOKENS_PER_SLOT_SHARED``: a long prefill, or a chunk of one) decodes each visible
 page once per layer into fp16 tiles (:meth:`AttentionPlan.predecode`, at the layer's first use), which the Gluon
 prefill then copies instead of decoding each page once per tile that selected it; planned with ``key_tiles``, also
 fp8 key tiles for the proxy indexer's Gluon scores, which the caller passes to its selection. Same output bits either
@@ -195,7 +196,7 @@ class AttentionPlan:
     predecoded, :meth:`predecode`)."""
 
     def __init__(self, kind: str, implementation: str, block_table: torch.Tensor, req: torch.Tensor,
-                 pos: torch.Tensor, num_kv_heads: int, key_tiles: bool = False):
+                 pos: torch.Tensor, num_kv_heads: int, key_tiles: bool = False, selection_run: int = 1):
         self.kind, self.implementation = kind, implementation
         self.block_table, self.req, self.pos = block_table, req, pos
         self.num_tokens, self.num_kv_heads = pos.shape[0], num_kv_heads
@@ -213,7 +214,7 @@ class AttentionPlan:
         if (implementation, kind) == ("gluon", "prefill") and predecode_setting() == "auto":
             from . import triton_predecode
 
-            self.predecodes = triton_predecode.pays(self.num_tokens, block_table)
+            self.predecodes = triton_predecode.pays(self.num_tokens, block_table, selection_run)
         self._key_tiles = key_tiles
         self._predecoded = None  # the forward's tiles (triton_predecode.Predecoded), once allocated
         self._predecoded_cache = None  # the layer cache they hold
@@ -283,12 +284,14 @@ class AttentionPlan:
 
 
 def plan_attention(kind: str, block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, *,
-                   num_kv_heads: int, key_tiles: bool = False) -> AttentionPlan:
+                   num_kv_heads: int, key_tiles: bool = False, selection_run: int = 1) -> AttentionPlan:
     """Plan sparse attention for one forward. ``kind``: ``"prefill"`` (any tokens) or ``"decode"`` (one
     query token per request); ``block_table`` int32 ``[R, S]``, ``req``/``pos`` int32 ``[T]`` on one
     device, ``req``/``pos`` contiguous (a plan keeps them: CUDA graphs captured with it read them in place;
     see :mod:`sglang_nvfp4.reference`); ``key_tiles``: predecode fp8 key tiles too, when predecoding (for the
-    proxy indexer's fp8 scores, :meth:`AttentionPlan.predecode`). A predecoding plan decodes each layer's cache
+    proxy indexer's fp8 scores, :meth:`AttentionPlan.predecode`); ``selection_run``: consecutive tokens that share
+    one selection in this forward (1: per token), which sets how many tokens per block-table slot predecoding needs
+    (:func:`.triton_predecode.pays`). A predecoding plan decodes each layer's cache
     once, at its first :meth:`~AttentionPlan.predecode` or :meth:`~AttentionPlan.run`, keyed on the cache tensor
     object: a caller must not rewrite a cache it already ran between that layer's calls."""
     if kind not in KINDS:
@@ -298,8 +301,10 @@ def plan_attention(kind: str, block_table: torch.Tensor, req: torch.Tensor, pos:
     check_token_metadata(block_table, req, pos, pos.numel(), block_table.device)
     if not (req.is_contiguous() and pos.is_contiguous()):
         raise ValueError("req/pos: must be contiguous (the plan keeps them, no copy)")
+    if selection_run < 1:
+        raise ValueError(f"selection_run: must be >= 1, got {selection_run}")
     return AttentionPlan(kind, resolve_implementation(block_table.device), block_table, req, pos, num_kv_heads,
-                         key_tiles)
+                         key_tiles, selection_run)
 
 
 def _attention(kind, q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out):

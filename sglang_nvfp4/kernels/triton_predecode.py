@@ -63,18 +63,21 @@ def _predecode_kernel(
             tl.store(key_tile + rows[:, None] * HEAD_DIM + cols[None, :], to_e4m3(k * FP8_KEY_SCALE))
 
 
-# The fused kernels decode a page once per tile that selected it: at least 2 decodes per token and KV head when
-# tiles of 8 tokens select 16 blocks. Predecoding decodes each of the block table's slots once (a wider write than a
-# fused decode) and makes the attention kernel read 3.5x the bytes per page; it is taken when the forward has at least
-# this many query tokens per slot, so that it decodes at most 1/32 of what the fused kernel would. Measured on an H100
-# (bench/results/predecode_chunks_h100.md): at 8 tokens per slot, selections shared by runs of 8 tokens (the default
-# proxy's) ran 5% slower predecoded, per-token selections 13-19% faster.
-MIN_TOKENS_PER_SLOT = 16
+# The fused kernels decode a page once per tile that selected it; predecoding decodes each of the block table's slots
+# once (a wider write than a fused decode) and makes the attention kernel read 3.5x the bytes per page. It is taken
+# when the forward has at least this many query tokens per slot. Measured on an H100 (the last chunk of a 64K or 128K
+# prompt, bench/results/predecode_chunks_h100.md): per-token selections ran 9-18% faster predecoded at 4 tokens per
+# slot and up to 2% slower at 2; selections shared by runs of 8 tokens (the default proxy's), whose fused kernel already
+# decodes a page once for a whole run, ran 5% slower at 8 and 4.5% faster at 16.
+MIN_TOKENS_PER_SLOT = 4  # selections per token
+MIN_TOKENS_PER_SLOT_SHARED = 16  # selections shared by runs of tokens
 
 
-def pays(num_tokens: int, block_table: torch.Tensor) -> bool:
-    """Whether a prefill of ``num_tokens`` query tokens over ``block_table [R, S]`` should predecode."""
-    return block_table.numel() > 0 and num_tokens >= MIN_TOKENS_PER_SLOT * block_table.numel()
+def pays(num_tokens: int, block_table: torch.Tensor, selection_run: int = 1) -> bool:
+    """Whether a prefill of ``num_tokens`` query tokens over ``block_table [R, S]`` should predecode;
+    ``selection_run``: consecutive tokens that share one selection (1: each token selects its own blocks)."""
+    least = MIN_TOKENS_PER_SLOT if selection_run == 1 else MIN_TOKENS_PER_SLOT_SHARED
+    return block_table.numel() > 0 and num_tokens >= least * block_table.numel()
 
 
 class Predecoded(NamedTuple):

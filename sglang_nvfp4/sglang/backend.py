@@ -132,7 +132,8 @@ class NVFP4SparseAttnBackend(AttentionBackend):
         """What every layer of this forward shares: the metadata, the dense selection (written into
         ``dense_out`` when given: CUDA graphs read static buffers), the kernel plan."""
         plan = kernels.plan_attention(kind, block_table, req, pos, num_kv_heads=self.token_to_kv_pool.head_num,
-                                      key_tiles=getattr(self.indexer, "wants_key_tiles", False))
+                                      key_tiles=getattr(self.indexer, "wants_key_tiles", False),
+                                      selection_run=getattr(self.indexer, "selection_run", 1))
         dense = None
         if any(self.dense_layer):
             dense = all_visible_blocks(pos, block_table.shape[1])
