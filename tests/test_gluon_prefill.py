@@ -270,6 +270,16 @@ def test_dispatcher_predecodes_long_prefills(monkeypatch, setting):
     short = kernels.plan_attention("prefill", block_table, req[tail].contiguous(), pos[tail].contiguous(),
                                    num_kv_heads=4)
     assert not short.predecodes
+    # The last 512 tokens (8 per slot), a chunk over a prefix: predecoded with per-token selections, not with shared
+    # ones; the same bits either way.
+    chunk = slice(q.shape[0] - 512, q.shape[0])
+    args = (q[chunk], cache, block_ids[:, chunk].contiguous(), block_table, req[chunk].contiguous(),
+            pos[chunk].contiguous())
+    want = gluon_prefill.launch(*args, 0.5, 2.0, fmt.HEAD_DIM**-0.5, torch.full_like(args[0], float("nan")))
+    for run, predecodes in ((1, setting == "auto"), (8, False)):
+        plan = kernels.plan_attention("prefill", *args[3:], num_kv_heads=4, selection_run=run)
+        assert plan.predecodes == predecodes, run
+        assert torch.equal(plan.run(args[0], cache, args[2], 0.5, 2.0, fmt.HEAD_DIM**-0.5), want), run
 
 
 @pytest.mark.gpu
