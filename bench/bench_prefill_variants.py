@@ -36,7 +36,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--t", type=int, default=32768)
-    parser.add_argument("--chunk", type=int, default=0, help="time the last C tokens only (0: all T)")
+    parser.add_argument("--chunk", type=int, default=0,
+                        help="time the last C tokens only (0: all T); a multiple of 8, so that the shared patterns' "
+                             "runs stay those of the whole prompt")
     parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"], help="CLUSTER:PRODUCER_WARPS or predecoded")
     parser.add_argument("--patterns", nargs="+", default=["random", "shared8", "indexer"],
                         help="64/4 selections: random, shared8, shared16 (runs of 16 tokens), indexer")

@@ -160,7 +160,11 @@ class ProxyIndexer:
         self.topk, self.sink_blocks, self.local_blocks, self.groups = topk, sink_blocks, local_blocks, groups
         self.precision, self.share, self.share_score = precision, share, share_score
         self.wants_key_tiles = precision == "fp8"  # the Gluon fp8 scores copy predecoded key tiles
-        self.selection_run = share  # a prefill's runs of share tokens select once (rules.shares_selections)
+
+    @property
+    def selection_run(self) -> int:
+        """Tokens of a prefill that select once (``share``; :func:`.rules.shares_selections`)."""
+        return self.share
 
     @staticmethod
     def state_bytes(num_layers: int, num_kv_heads: int, **options) -> StateBytes:

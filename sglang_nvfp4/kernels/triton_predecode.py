@@ -68,7 +68,8 @@ def _predecode_kernel(
 # when the forward has at least this many query tokens per slot. Measured on an H100 (the last chunk of a 64K or 128K
 # prompt, bench/results/predecode_chunks_h100.md): per-token selections ran 9-18% faster predecoded at 4 tokens per
 # slot and up to 2% slower at 2; selections shared by runs of 8 tokens (the default proxy's), whose fused kernel already
-# decodes a page once for a whole run, ran 5% slower at 8 and 4.5% faster at 16.
+# decodes a page once for a whole run, ran 5% slower at 8 and 4.5% faster at 16. Runs of 2 or 4 tokens were not
+# measured and take the shared threshold too.
 MIN_TOKENS_PER_SLOT = 4  # selections per token
 MIN_TOKENS_PER_SLOT_SHARED = 16  # selections shared by runs of tokens
 
