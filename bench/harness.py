@@ -59,7 +59,8 @@ def add_int_options(parser, **defaults: int) -> None:
 class BenchRun:
     """One run of a bench script: the output folder, the time budget, the results and the child processes.
 
-    ``results`` opens with the date, the command line and the budget; :meth:`save` writes it whole to
+    ``results`` opens with the date, the command line, the budget and the ``NVFP4_SPARSE_*`` environment (which the
+    servers inherit: a run with ``NVFP4_SPARSE_PREDECODE=off`` says so); :meth:`save` writes it whole to
     ``results_name`` under ``out_dir`` (atomically), and the scripts call it after every finished run."""
 
     def __init__(self, out_dir: str, results_name: str, budget_s: float):
@@ -68,7 +69,8 @@ class BenchRun:
         self.out_dir = out_dir
         os.makedirs(out_dir, exist_ok=True)
         self.results_path = self.path(results_name)
-        self.results: dict = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "budget_s": budget_s}
+        self.results: dict = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "budget_s": budget_s,
+                              "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NVFP4_SPARSE_")}}
         self._children: list[subprocess.Popen] = []
 
     def path(self, name: str) -> str:
