@@ -4,6 +4,9 @@ Granite-shaped, head_dim 128, ``--load-format dummy`` (config and tokenizer only
 SGLang), vocab 32000: ``one_batch`` draws token ids < 10000, the tokenizer is not used for them.
 
 * ``gqa64x4``: 64 query / 4 KV heads, hidden 4096, 4 layers.
+* ``gqa16x1``: one rank of a Qwen3-235B-A22B-shaped model at ``--tp-size 4``, as one GPU serves it: 16 query / 1 KV
+  head (64 / 4 split 4 ways), hidden 4096, and a dense MLP of 3072, the width of the 8 active experts' 1536 split 4
+  ways (the same products per token as the rank's MoE, without its routing); 4 layers.
 * ``tiny``: 16 query / 1 KV head, hidden 256, 2 layers.
 * ``m3``: MiniMax-M3 (``MiniMaxM3SparseForCausalLM``) reduced as in issue 16: 2 layers, both with the learned
   indexer (4 index heads of 128, top-16 blocks of 128, init 1, local 1), hidden 2048, 64 query / 4 KV heads,
@@ -19,6 +22,7 @@ from sglang_nvfp4.tiny_model import make_tiny_m3_model, make_tiny_model
 
 MODELS = {
     "gqa64x4": {"kv_heads": 4, "layers": 4, "hidden_size": 4096, "heads_per_kv": 16},
+    "gqa16x1": {"kv_heads": 1, "layers": 4, "hidden_size": 4096, "heads_per_kv": 16, "intermediate_size": 3072},
     "tiny": {"kv_heads": 1, "layers": 2, "hidden_size": 256, "heads_per_kv": 16},
     "m3": {"kv_heads": 4, "layers": 2, "hidden_size": 2048, "heads_per_kv": 16, "moe_layers": [1],
            "intermediate_size": 512, "dense_intermediate_size": 4096},

@@ -121,17 +121,18 @@ def make_tiny_m3_model(out_dir: str, *, kv_heads: int = 2, layers: int = 2, head
 
 def make_tiny_model(out_dir: str, *, kv_heads: int = 1, layers: int = 2, heads_per_kv: int = 16,
                     hidden_size: int = 256, context_len: int = 16384, seed: int = 0, weights: bool = True,
-                    vocab_size: int = VOCAB_SIZE) -> str:
+                    vocab_size: int = VOCAB_SIZE, intermediate_size: int | None = None) -> str:
     """Write config, a tokenizer and (unless ``weights=False``, for ``--load-format dummy``) random
     safetensors weights to ``out_dir``; returns ``out_dir``. A ``vocab_size`` above the tokenizer's
-    serves benchmarks that feed random token ids (``sglang.benchmark.one_batch`` draws ids < 10000)."""
+    serves benchmarks that feed random token ids (``sglang.benchmark.one_batch`` draws ids < 10000);
+    ``intermediate_size``: the MLP's width (default 2 x ``hidden_size``)."""
     if weights and vocab_size != VOCAB_SIZE:
         raise ValueError(f"vocab_size: random weights are generated for the tokenizer's {VOCAB_SIZE}, got {vocab_size}")
     from safetensors.torch import save_file
 
     os.makedirs(out_dir, exist_ok=True)
     _write_tokenizer(out_dir, seed)
-    heads, head_dim, inter = heads_per_kv * kv_heads, 128, 2 * hidden_size
+    heads, head_dim, inter = heads_per_kv * kv_heads, 128, intermediate_size or 2 * hidden_size
     config = granite_config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=inter, layers=layers,
                             heads=heads, kv_heads=kv_heads, head_dim=head_dim, context_len=context_len)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
