@@ -26,8 +26,8 @@ Which implementation serves a plan (:func:`resolve_implementation`):
   at most 16 ids per token); other layers, decode and cache writes stay on Triton.
 
 Predecoding (Gluon prefill only, :mod:`.triton_predecode`): a plan whose forward has at least
-``triton_predecode.MIN_TOKENS_PER_SLOT`` query tokens per block-table slot (4; 16 when runs of tokens share their
-selections, ``MIN_TOKENS_PER_SLOT_SHARED``: a long prefill, or a chunk of one) decodes each visible
+``triton_predecode.MIN_TOKENS_PER_SLOT`` query tokens per block-table slot (``MIN_TOKENS_PER_SLOT_SHARED`` when
+runs of tokens share their selections: a long prefill, or a chunk of one) decodes each visible
 page once per layer into fp16 tiles (:meth:`AttentionPlan.predecode`, at the layer's first use), which the Gluon
 prefill then copies instead of decoding each page once per tile that selected it; planned with ``key_tiles``, also
 fp8 key tiles for the proxy indexer's Gluon scores, which the caller passes to its selection. Same output bits either
