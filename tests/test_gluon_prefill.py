@@ -38,7 +38,7 @@ def _signature(by_pointer: bool, predecoded: bool) -> dict:
     sig.update({name: "i32" for name in ("T", "stride_qt", "stride_qh", "stride_ot", "stride_oh")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "GROUP_POW2", "TOKENS", "WIDTH", "K_SCALE_BY_POINTER",
                                                "V_SCALE_BY_POINTER", "PRODUCER_WARPS", "CONSUMER_REGS",
-                                               "PRODUCER_REGS", "PREDECODED")})
+                                               "PRODUCER_REGS", "PREDECODED", "RING_SLOTS")})
     return sig
 
 
@@ -55,7 +55,8 @@ def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int |
     constexprs = {"HKV": 4, "GROUP": group, "GROUP_POW2": triton.next_power_of_2(group), "TOKENS": tokens,
                   "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
                   "V_SCALE_BY_POINTER": by_pointer, "PRODUCER_WARPS": producer_warps,
-                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "PREDECODED": predecoded}
+                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "PREDECODED": predecoded,
+                  "RING_SLOTS": gluon_prefill.ring_slots(predecoded)}
     if not predecoded:
         constexprs["tiles_desc"] = None
     return compile_for_hopper(gluon_prefill._ws_prefill_kernel, _signature(by_pointer, predecoded), constexprs, 4,
@@ -101,6 +102,8 @@ def test_predecoded_mode_compiles_for_hopper(group, width, by_pointer):
     assert compiled.metadata.num_warps * 32 * max_regs <= 65536
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer_regs};", ptx)
     assert compiled.metadata.shared <= 227 * 1024
+    ring = gluon_prefill.TILE_COPY_STAGES * 2 * fmt.PAGE_SIZE * fmt.HEAD_DIM * 2  # slots of a K and a V^T fp16 tile
+    assert ring <= compiled.metadata.shared < ring + 40 * 1024  # and the two Q tiles, the barriers
     assert ptx.count("cp.async.bulk.tensor.2d") == 2  # the K and the V^T copies (each split by warp into 2 boxes)
     assert ptx.count("mbarrier.arrive.expect_tx") == 2
     assert "cvt.rn.f16x2.e4m3x2" not in ptx and "ld.global.v2.b32" not in ptx  # no page decoding, no page loads

@@ -65,7 +65,7 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
 )
 
 ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
-STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the consumers
+STAGES = gl.constexpr(2)  # decoded pages in flight between the producer and the consumers (fused mode)
 # The ring's K and V^T slots (128 x 128 fp16, 128-byte swizzle), in which the predecoded mode's TMA copies land too.
 TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout.get_default_for([PAGE.value, HEAD_DIM.value], gl.float16))
 MAX_PLAN_WIDTH = 256  # union slots per tile (tile tokens x ids per token, padded): the widest run on a GPU so far
@@ -274,9 +274,10 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     page, block, members = _plan_entry(plan_smem, 0, WIDTH, WARPS)
     k_codes, k_scales = _load_k(cache_ptr, page * page_words + k_offset, WARPS)
     v_codes, v_lo, v_hi = _load_vt(cache_ptr, page * page_words + v_offset, WARPS)
+    stages: gl.constexpr = k_bufs.shape[0]
     for u in range(union_len):
-        stage = u % STAGES
-        phase = (u // STAGES) & 1
+        stage = u % stages
+        phase = (u // stages) & 1
         live_keys = _live_keys(members, block, tile_token, tile_pos)
         mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
         k_bufs.index(stage).store(_decode_k(k_codes, k_scales))
@@ -294,9 +295,9 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
 @gluon.jit
 def _tile_producer(tiles_desc, ptrs, bufs, sizes, HKV: gl.constexpr, WIDTH: gl.constexpr):
     """Predecoded mode: copies the K and V^T tiles of every union entry from the predecoded tiles
-    (:mod:`.triton_predecode`; the plan's page field is the entry's tile slot) into the ring with the TMA, one
-    thread issuing. The ring's slots take the decoded tiles' shared layout, so the consumers read the same values
-    as from :func:`_producer`."""
+    (:mod:`.triton_predecode`; the plan's page field is the entry's tile slot) into the ring (``TILE_COPY_STAGES``
+    slots) with the TMA, one thread issuing. The ring's slots take the decoded tiles' shared layout, so the
+    consumers read the same values as from :func:`_producer`."""
     plan_len_ptr, plan_slot_ptr = ptrs
     k_bufs, v_bufs, k_ready, v_ready, empty = bufs
     T, num_tiles = sizes
@@ -305,9 +306,10 @@ def _tile_producer(tiles_desc, ptrs, bufs, sizes, HKV: gl.constexpr, WIDTH: gl.c
     plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
     union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
     tile_bytes: gl.constexpr = PAGE * HEAD_DIM * 2
+    stages: gl.constexpr = k_bufs.shape[0]
     for u in range(union_len):
-        stage = u % STAGES
-        phase = (u // STAGES) & 1
+        stage = u % stages
+        phase = (u // stages) & 1
         row = (gl.load(plan_slot_ptr + plan + u) * HKV + kv_head) * (2 * PAGE)  # the slot's K rows, then V^T's
         mbarrier.wait(empty.index(stage), phase ^ 1)  # both consumers are done with this slot
         mbarrier.expect(k_ready.index(stage), tile_bytes)
@@ -359,9 +361,10 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
     # selection becomes an additive 0 / -inf, which leaves the logits bit-identical to the masked path's.
     first_pos = gl.min(gl.where(live, pos, 2147483647), axis=0)
     not_selected = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
+    stages: gl.constexpr = k_bufs.shape[0]
     for u in range(union_len):
-        stage = u % STAGES
-        phase = (u // STAGES) & 1
+        stage = u % stages
+        phase = (u // stages) & 1
         block = gl.load(plan_block_ptr + plan + u)
         mine = (gl.load(plan_members_ptr + plan + u) >> (half * TOKENS)) & ((1 << TOKENS) - 1)
         mbarrier.wait(k_ready.index(stage), phase)
@@ -407,19 +410,19 @@ def _ws_prefill_kernel(
     HKV: gl.constexpr, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr, WIDTH: gl.constexpr,
     K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    PREDECODED: gl.constexpr,
+    PREDECODED: gl.constexpr, RING_SLOTS: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
     tile_layout: gl.constexpr = TILE_LAYOUT
     q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.float16)
-    k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, PAGE, HEAD_DIM], tile_layout)
-    v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, HEAD_DIM, PAGE], tile_layout)
+    k_bufs = gl.allocate_shared_memory(gl.float16, [RING_SLOTS, PAGE, HEAD_DIM], tile_layout)
+    v_bufs = gl.allocate_shared_memory(gl.float16, [RING_SLOTS, HEAD_DIM, PAGE], tile_layout)
     q0_smem = gl.allocate_shared_memory(gl.float16, [ROWS, HEAD_DIM], q_smem_layout)
     q1_smem = gl.allocate_shared_memory(gl.float16, [ROWS, HEAD_DIM], q_smem_layout)
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
+    k_ready = gl.allocate_shared_memory(gl.int64, [RING_SLOTS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [RING_SLOTS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING_SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(RING_SLOTS):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
@@ -461,6 +464,16 @@ def plan(block_ids, block_table, req, pos, group: int):
 # launch, consumer, producer) as in REGISTER_PLANS.
 TILE_COPY_WARPS = 4
 TILE_COPY_REGISTER_PLAN = (168, 192, 24)
+# Predecoded mode's ring: 3 slots of 64 KB (a K and a V^T tile) and both consumers' Q (32 KB) take 224 of the 227 KB
+# a CTA may have; the copies then run two pages ahead of the slower consumer instead of one. On one H100 (T = 32K,
+# top-16, 4 alternating rounds, bench/results/predecode_ring_h100.md): per-token random selections 3.8% faster (64/4
+# and 16/1), the indexer's 1%, runs of 8 shared 0.8% slower; same bits.
+TILE_COPY_STAGES = 3
+
+
+def ring_slots(predecoded: bool) -> int:
+    """Slots of the kernel's ring of K and V^T tiles: ``TILE_COPY_STAGES`` in predecoded mode, else ``STAGES``."""
+    return TILE_COPY_STAGES if predecoded else STAGES.value
 
 
 def tiles_descriptor(tiles: torch.Tensor) -> TensorDescriptor:
@@ -496,7 +509,8 @@ def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warp
         WIDTH=entries.shape[3],
         K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
         PRODUCER_WARPS=producer_warps, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
-        PREDECODED=tiles is not None, num_warps=4, maxnreg=max_regs,
+        PREDECODED=tiles is not None, RING_SLOTS=ring_slots(tiles is not None),
+        num_warps=4, maxnreg=max_regs,
     )
     return out
 
