@@ -4,12 +4,12 @@
 run, so a timeout still leaves numbers) with a ``summary`` of ``nvfp4_sparse`` over the strongest dense
 backend per phase, named (``e2e_summary.py``), ``e2e.png``, and the raw logs, under ``--out``.
 
-Steps (``--steps``, comma list, default ``server,one_batch``; they run in the order one_batch,
-offline, server), one file each, whose docstring says what it measures (below, after the model
-configs of ``e2e_models.py``): ``e2e_one_batch.py``, ``e2e_offline.py``, ``e2e_server.py``; the figure
-is ``e2e_plot.py``. ``server`` and ``offline`` run the backends of ``--backends`` other than
-``torch_native``. The whole script stops starting work at ``--budget-s`` seconds (children are stopped,
-the rest is recorded as ``not_run``), so it ends inside one 10-minute device call.
+Steps (``--steps``, comma list, default ``server,one_batch``; they run in the order one_batch, offline, server,
+chunked), one file each, whose docstring says what it measures (below, after the model configs of
+``e2e_models.py``): ``e2e_one_batch.py``, ``e2e_offline.py``, ``e2e_server.py``, ``e2e_chunked.py``; the figure is
+``e2e_plot.py``. ``server``, ``offline`` and ``chunked`` run the backends of ``--backends`` other than
+``torch_native``. The whole script stops starting work at ``--budget-s`` seconds (children are stopped, the rest is
+recorded as ``not_run``), so it ends inside one 10-minute device call.
 
 ``python bench/bench_e2e.py --out DIR`` (needs CUDA and SGLang; see bench/gpu_e2e.sh for the host set-up).
 ``python bench/bench_e2e.py --replot e2e.json`` redraws ``e2e.png`` beside that file.
@@ -22,16 +22,18 @@ import importlib.util
 import json
 import os
 
+import e2e_chunked
 import e2e_models
 import e2e_offline
 import e2e_one_batch
 import e2e_server
 import e2e_summary
-from e2e_models import MODELS
+from e2e_models import MODELS, context_len, dummy_model
 from e2e_plot import plot
 from harness import BenchRun, exit_on_sigterm, log
 
-STEPS = {"one_batch": e2e_one_batch, "offline": e2e_offline, "server": e2e_server}  # in the order they run
+STEPS = {"one_batch": e2e_one_batch, "offline": e2e_offline, "server": e2e_server,  # in the order they run
+         "chunked": e2e_chunked}
 ONE_BATCH_BACKENDS = ("nvfp4_sparse", "flashinfer", "triton", "torch_native")
 
 
@@ -41,12 +43,12 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="\n".join(docs), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (required unless --replot)")
     ap.add_argument("--replot", metavar="E2E_JSON", help="only redraw the plot of an e2e.json (next to it)")
-    ap.add_argument("--steps", default="server,one_batch", help="comma list of one_batch, offline, server")
+    ap.add_argument("--steps", default="server,one_batch", help="comma list of one_batch, offline, server, chunked")
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="stop starting work after this many seconds; running children are stopped (default 520)")
     ap.add_argument("--backends", nargs="+", default=list(ONE_BATCH_BACKENDS),
                     help="one_batch runs all of them; server and offline skip torch_native")
-    ap.add_argument("--mem-fraction-static", type=float, default=0.8, help="one_batch and offline")
+    ap.add_argument("--mem-fraction-static", type=float, default=0.8, help="one_batch, offline and chunked")
     ap.add_argument("--sglang-args", default="", help="extra SGLang server arguments for one_batch and offline "
                     "(one string, given with '=': --sglang-args='--max-total-tokens 65536')")
     g = ap.add_argument_group("one_batch")
@@ -70,6 +72,10 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--offline-pretokenize", action="store_true",
                    help="tokenize the prompts before the timed pass and send input_ids (takes the engine's "
                         "tokenizer out of the measured time)")
+    g = ap.add_argument_group("chunked (the first model of --models; servers of every backend but torch_native)")
+    g.add_argument("--chunk-size", type=int, default=8192, help="--chunked-prefill-size")
+    g.add_argument("--chunked-input-lens", type=int, nargs="+", default=[32768, 131072])
+    g.add_argument("--chunked-repeats", type=int, default=2, help="timed prompts per length (after one untimed)")
     args = ap.parse_args()
     if args.replot:
         return args
@@ -139,6 +145,11 @@ def run_steps(bench: BenchRun, args) -> None:
         except Exception as e:  # keep the other steps' numbers; the failure is recorded
             bench.results["server_error"] = repr(e)
             log(f"server step failed: {e!r}")
+    if "chunked" in args.steps:
+        model = dummy_model(bench.out_dir, args.models[0], context_len(max(args.chunked_input_lens), 1))
+        flags = ["--load-format", "dummy", "--mem-fraction-static", str(args.mem_fraction_static)]
+        e2e_chunked.run_step(bench, served_backends, model, args.chunked_input_lens, args.chunk_size,
+                             args.chunked_repeats, extra_args=flags)
 
 
 def main() -> None:

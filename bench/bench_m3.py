@@ -3,7 +3,7 @@ triton``: its Triton sparse backend over bf16 K/V and bf16 index keys; on Hopper
 Blackwell-only) on one GPU, in one run, on the reduced M3 config of ``e2e_models`` (``m3``, dummy weights).
 Writes ``m3.json`` under ``--out`` after every step, with a ``summary``.
 
-Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in that order):
+Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in the order below):
 
 * ``kernels``: per prefill length (``--kernel-t``), one request, 64 query / 4 KV heads, 4 index heads of 128,
   random bf16 ``idx_q``/``idx_k`` (normed scale, like the model's) and K/V: the selections of both paths on
@@ -24,6 +24,9 @@ Steps (``--steps``, comma list, default ``kernels,one_batch,server``; run in tha
 * ``server``: ``e2e_server`` on ``m3``: a real server per backend, ``--short-prompts`` short prompts (every
   block selected: only NVFP4 storage differs) with first-token agreement (95% Wilson interval), logprob
   deltas and the in-tree path's top-1/top-2 margins, a long prompt, a radix hit, batch invariance.
+* ``chunked`` (not in the default steps): ``e2e_chunked`` on ``m3``: a server per variant (ours with predecoding
+  ``auto`` and ``off``, then the other backends) under SGLang's chunked prefill (``--chunk-size``), prompts of
+  ``--chunked-input-lens`` tokens: prefill latency, the GPU memory each request adds, first-token agreement.
 
 ``summary``: ``prefill_speedup_32k`` / ``prefill_speedup_128k`` (batch 1), ``decode_speedup_32k`` (batch 8),
 ``capacity_ratio`` (nvfp4_sparse over the in-tree path), ``selection_identical``, and the per-layer breakdown.
@@ -39,14 +42,16 @@ import os
 
 import torch
 
+import e2e_chunked
 import e2e_one_batch
 import e2e_server
 from bench_e2e import gpu_description, runnable_backends
-from e2e_models import dummy_model
+from e2e_models import context_len, dummy_model
 from e2e_summary import one_batch_summary
 from harness import BenchRun, exit_on_sigterm, log
 
-STEPS = ("kernels", "one_batch", "server")
+STEPS = ("kernels", "one_batch", "server", "chunked")
+DEFAULT_STEPS = STEPS[:3]
 MODEL = "m3"
 IN_TREE = "triton"
 HEADS, HKV, INDEX_HEADS, TOPK, INIT_BLOCKS, LOCAL_BLOCKS = 64, 4, 4, 16, 1, 1  # the reduced M3 config
@@ -57,7 +62,7 @@ DEV = "cuda"
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)}")
+    ap.add_argument("--steps", default=",".join(DEFAULT_STEPS), help=f"comma list of {', '.join(STEPS)}")
     ap.add_argument("--budget-s", type=float, default=520.0)
     ap.add_argument("--backends", nargs="+", default=["nvfp4_sparse", IN_TREE])
     ap.add_argument("--kernel-t", type=int, nargs="*", default=[32768, 131072],
@@ -77,6 +82,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--short-prompts", type=int, default=256,
                     help="server step: short prompts per backend (every block selected), for first-token "
                          "agreement with a 95%% interval")
+    ap.add_argument("--chunk-size", type=int, default=8192, help="chunked step: --chunked-prefill-size")
+    ap.add_argument("--chunked-input-lens", type=int, nargs="+", default=[32768, 131072],
+                    help="chunked step: prompt lengths")
+    ap.add_argument("--chunked-repeats", type=int, default=2,
+                    help="chunked step: timed prompts per length (after one untimed)")
     args = ap.parse_args(argv)
     args.steps = [s for s in args.steps.split(",") if s]
     if args.short_prompts < 1:
@@ -421,6 +431,11 @@ def main(argv=None) -> None:
             model = dummy_model(bench.out_dir, MODEL, 16384)
             e2e_server.run_step(bench, args.backends, model=model, extra_args=["--load-format", "dummy"],
                                 short_prompts=args.short_prompts)
+        if "chunked" in args.steps:
+            model = dummy_model(bench.out_dir, MODEL, context_len(max(args.chunked_input_lens), 1))
+            flags = ["--load-format", "dummy", "--mem-fraction-static", str(args.mem_fraction_static)]
+            e2e_chunked.run_step(bench, args.backends, model, args.chunked_input_lens, args.chunk_size,
+                                 args.chunked_repeats, extra_args=flags)
     finally:
         bench.stop_children()
         bench.results["wall_s"] = bench.spent()

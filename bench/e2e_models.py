@@ -32,6 +32,12 @@ VOCAB_SIZE = 32000
 M3_VOCAB_SIZE = 200064
 
 
+def context_len(max_input: int, output_len: int) -> int:
+    """A model config's context length for prompts of up to ``max_input`` tokens and ``output_len`` new ones: 131072
+    (the configs' usual context) unless they need more (SGLang's request-to-token table is context_len + 4 wide)."""
+    return max(131072, -(-(max_input + output_len + 8) // 1024) * 1024)
+
+
 def dummy_model(out_dir: str, name: str, context_len: int) -> str:
     """Config and tokenizer of model ``name`` at ``context_len``, in a folder of its own under ``out_dir``."""
     folder = os.path.join(out_dir, f"{name}_ctx{context_len}")

@@ -28,7 +28,7 @@ import shlex
 import sys
 import time
 
-from e2e_models import dummy_model, model_record
+from e2e_models import context_len, dummy_model, model_record
 from harness import BenchRun, file_tail, log
 
 MIN_SECONDS_LEFT = 60  # a child is started only with this much of the budget left
@@ -130,12 +130,6 @@ def _read_events(path: str) -> list:
             except json.JSONDecodeError:  # a line being written
                 break
     return out
-
-
-def _context_len(max_input: int, output_len: int) -> int:
-    """131072 (the configs' usual context) unless the longest input + output needs more: SGLang's
-    request-to-token table is context_len + 4 wide."""
-    return max(131072, -(-(max_input + output_len + 8) // 1024) * 1024)
 
 
 class BackendSweep:
@@ -305,7 +299,7 @@ def run_step(bench: BenchRun, args) -> None:
     results = bench.results
     by_model = results.setdefault("one_batch_by_model", {})
     for model_name in args.models:
-        ctx = _context_len(max(args.input_lens), args.output_len)
+        ctx = context_len(max(args.input_lens), args.output_len)
         model_dir = dummy_model(bench.out_dir, model_name, ctx)
         by_model[model_name] = {}
         results.setdefault("one_batch_models", {})[model_name] = model_record(model_name, ctx)
