@@ -31,6 +31,9 @@ import time
 from harness import COMMON_SERVER_ARGS, BenchRun, log
 
 MIN_SECONDS_LEFT = 150  # a variant's server is started only with this much of the budget left
+# The servers take one request at a time: decode graphs past batch 4 would only lengthen their start-up (all 36 of
+# SGLang's batch sizes took 82 s to capture on an H100, 2026-12-07, and the start-up overran its 161 s).
+SERVER_FLAGS = ["--cuda-graph-max-bs-decode", "4"]
 TOKEN_ID_LIMIT = 10000  # random prompt ids below this and below the model's vocabulary
 OURS = "nvfp4_sparse"
 
@@ -136,7 +139,7 @@ def run_step(bench: BenchRun, backends: list[str], model: str, input_lens: list[
     tokens, saving after each; ``model`` a model folder whose context holds the longest prompt, ``extra_args`` more
     server flags (e.g. ``--load-format dummy``), after ``COMMON_SERVER_ARGS``, so that they override them (SGLang
     takes a flag's last value: ``--mem-fraction-static``)."""
-    server_args = [*COMMON_SERVER_ARGS, "--chunked-prefill-size", str(chunk), *extra_args]
+    server_args = [*COMMON_SERVER_ARGS, *SERVER_FLAGS, "--chunked-prefill-size", str(chunk), *extra_args]
     results = bench.results.setdefault("chunked", {})
     results.update(chunked_prefill_size=chunk, input_lens=list(input_lens), repeats=repeats, server_args=server_args)
     by_label = results.setdefault("variants", {})
