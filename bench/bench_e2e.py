@@ -47,7 +47,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="stop starting work after this many seconds; running children are stopped (default 520)")
     ap.add_argument("--backends", nargs="+", default=list(ONE_BATCH_BACKENDS),
-                    help="one_batch runs all of them; server and offline skip torch_native")
+                    help="one_batch runs all of them; server, offline and chunked skip torch_native")
     ap.add_argument("--mem-fraction-static", type=float, default=0.8, help="one_batch, offline and chunked")
     ap.add_argument("--sglang-args", default="", help="extra SGLang server arguments for one_batch and offline "
                     "(one string, given with '=': --sglang-args='--max-total-tokens 65536')")

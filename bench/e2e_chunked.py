@@ -11,8 +11,10 @@ then each other backend of ``--backends``. Per prompt length of ``--input-lens``
 lists for every variant, so the radix cache never hits and the variants answer the same prompts. Each request asks
 for 1 new token (greedy, with its logprob), so its latency is the prefill's.
 
-Around each request a thread polls the GPU's used memory (``torch.cuda.mem_get_info``, every 10 ms; the server is
-another process). The step records the most above the level just before the request; on a host without CUDA, none.
+Around each request a thread polls GPU 0's used memory through NVML (every 10 ms; no CUDA context in this process,
+which would take memory from the servers) and records the most above the level just before the request, with a last
+sample at its end; on a host without NVML or a GPU, none. The servers' allocator keeps memory once it has grown, so
+the first (untimed) request of each length shows what such forwards need beyond the pool; later ones mostly show 0.
 
 Results go under ``chunked`` in the run's JSON, per variant: ``requests`` (length, seconds, first token, its logprob,
 memory). ``agreement`` lists, per variant pair, how many prompts got the same first token. Predecoding keeps the
@@ -30,10 +32,12 @@ import time
 
 from harness import COMMON_SERVER_ARGS, BenchRun, log
 
-MIN_SECONDS_LEFT = 150  # a variant's server is started only with this much of the budget left
+MIN_SECONDS_LEFT = 240  # a variant's server is started only with this much of the budget left (its start-up: 180 s)
 # The servers take one request at a time: decode graphs past batch 4 would only lengthen their start-up (all 36 of
-# SGLang's batch sizes took 82 s to capture on an H100, 2026-12-07, and the start-up overran its 161 s).
-SERVER_FLAGS = ["--cuda-graph-max-bs-decode", "4"]
+# SGLang's batch sizes took 82 s to capture on an H100, 2026-12-07, and the start-up overran its 161 s), and so would
+# prefill graphs, which dense backends capture by default (58 shapes took 200 s for FlashInfer on an H100) and ours
+# leave off: no prefill graphs for any variant, so that all run their prefill alike.
+SERVER_FLAGS = ["--cuda-graph-max-bs-decode", "4", "--cuda-graph-backend-prefill", "disabled"]
 TOKEN_ID_LIMIT = 10000  # random prompt ids below this and below the model's vocabulary
 OURS = "nvfp4_sparse"
 
@@ -56,43 +60,50 @@ def prompt_ids(input_len: int, index: int, vocab_size: int) -> list[int]:
     return [rng.randrange(1, min(TOKEN_ID_LIMIT, vocab_size)) for _ in range(input_len)]
 
 
+def gpu_memory_reader():
+    """A function that returns GPU 0's used memory in bytes, read through NVML, or None where NVML or a GPU is
+    missing (the CPU engine)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001 (no NVML library, no driver, no GPU)
+        return None
+    return lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used
+
+
 class MemoryPeak:
-    """Context manager: the most GPU memory in use above the level at entry, in bytes (``peak``; None without
-    CUDA), polled every ``period`` s from this process."""
+    """Context manager: the most memory in use above the level at entry, in bytes (``peak``), sampled with
+    ``read_used`` (:func:`gpu_memory_reader`) every ``period`` s from a thread and once more at exit; ``peak`` stays
+    None when ``read_used`` is None."""
 
-    def __init__(self, period: float = 0.01):
-        self.period, self.peak = period, None
-        try:
-            import torch
+    def __init__(self, read_used, period: float = 0.01):
+        self.read_used, self.period, self.peak = read_used, period, None
 
-            self._torch = torch if torch.cuda.is_available() else None
-        except ImportError:
-            self._torch = None
-
-    def _used(self) -> int:
-        free, total = self._torch.cuda.mem_get_info()
-        return total - free
+    def _sample(self) -> None:
+        self.peak = max(self.peak, self.read_used() - self._base)
 
     def _poll(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._used() - self._base)
-            time.sleep(self.period)
+        while not self._stop.wait(self.period):
+            self._sample()
 
     def __enter__(self) -> "MemoryPeak":
-        if self._torch is not None:
-            self._base, self.peak, self._stop = self._used(), 0, threading.Event()
+        if self.read_used is not None:
+            self._base, self.peak, self._stop = self.read_used(), 0, threading.Event()
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._torch is not None:
+        if self.read_used is not None:
             self._stop.set()
             self._thread.join()
+            self._sample()
 
 
 def _serve(bench: BenchRun, model: str, backend: str, env: dict, server_args: list, input_lens: list[int],
-           repeats: int, vocab_size: int, entry: dict) -> None:
+           repeats: int, vocab_size: int, read_used, entry: dict) -> None:
     """One server; fills ``entry`` (a failure is recorded with the requests answered before it)."""
     t0 = time.perf_counter()
     rows = entry.setdefault("requests", [])
@@ -106,7 +117,7 @@ def _serve(bench: BenchRun, model: str, backend: str, env: dict, server_args: li
                     request = {"input_ids": prompt_ids(input_len, index, vocab_size), "return_logprob": True,
                                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
                     t1 = time.perf_counter()
-                    with MemoryPeak() as memory:
+                    with MemoryPeak(read_used) as memory:
                         meta = srv.post("/generate", request, timeout=bench.capped(200.0, floor=10.0))["meta_info"]
                     logprob, token, _ = meta["output_token_logprobs"][0]
                     rows.append({"input_len": input_len, "index": index, "timed": index > 0,
@@ -145,6 +156,7 @@ def run_step(bench: BenchRun, backends: list[str], model: str, input_lens: list[
     by_label = results.setdefault("variants", {})
     with open(os.path.join(model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
+    read_used = gpu_memory_reader()
     for label, backend, env in variants(backends):
         if chosen is not None and label not in chosen:
             continue
@@ -154,7 +166,7 @@ def run_step(bench: BenchRun, backends: list[str], model: str, input_lens: list[
             entry["skipped"] = reason
             continue
         log(f"chunked {label}: starting")
-        _serve(bench, model, backend, env, server_args, input_lens, repeats, vocab_size, entry)
+        _serve(bench, model, backend, env, server_args, input_lens, repeats, vocab_size, read_used, entry)
         bench.save()
     results["agreement"] = agreement(by_label)
     bench.save()

@@ -38,12 +38,13 @@ def context_len(max_input: int, output_len: int) -> int:
     return max(131072, -(-(max_input + output_len + 8) // 1024) * 1024)
 
 
-def dummy_model(out_dir: str, name: str, context_len: int) -> str:
-    """Config and tokenizer of model ``name`` at ``context_len``, in a folder of its own under ``out_dir``."""
-    folder = os.path.join(out_dir, f"{name}_ctx{context_len}")
+def dummy_model(out_dir: str, name: str, ctx: int) -> str:
+    """Config and tokenizer of model ``name`` with a context of ``ctx`` tokens, in a folder of its own under
+    ``out_dir``."""
+    folder = os.path.join(out_dir, f"{name}_ctx{ctx}")
     if name in MINIMAX_M3_MODELS:
-        return make_tiny_m3_model(folder, context_len=context_len, vocab_size=M3_VOCAB_SIZE, **MODELS[name])
-    return make_tiny_model(folder, context_len=context_len, weights=False, vocab_size=VOCAB_SIZE, **MODELS[name])
+        return make_tiny_m3_model(folder, context_len=ctx, vocab_size=M3_VOCAB_SIZE, **MODELS[name])
+    return make_tiny_model(folder, context_len=ctx, weights=False, vocab_size=VOCAB_SIZE, **MODELS[name])
 
 
 def model_record(name: str, context_len: int) -> dict:

@@ -44,6 +44,20 @@ def test_agreement_counts_same_first_tokens_over_the_prompts_both_answered():
     assert e2e_chunked.agreement(by_label) == {"a vs b": {"same": 1, "prompts": 2}}
 
 
+def test_memory_peak_is_the_most_above_the_level_at_entry_and_samples_at_exit():
+    readings = iter([1000, 1400, 1900])  # at entry; then every later sample (the poll's and the exit's) sees 1900
+
+    def read_used():
+        return next(readings, 1900)
+
+    with e2e_chunked.MemoryPeak(read_used, period=60.0) as memory:  # the poll's first sample waits 60 s
+        pass
+    assert memory.peak == 400  # the exit's sample: 1400 - 1000
+    with e2e_chunked.MemoryPeak(None) as memory:
+        pass
+    assert memory.peak is None
+
+
 def test_a_chunked_prefill_through_a_cpu_server(tmp_path):
     bench = BenchRun(str(tmp_path), "e2e.json", budget_s=900)
     model = make_tiny_model(str(tmp_path / "tiny"), kv_heads=1, layers=2)
@@ -59,7 +73,7 @@ def test_a_chunked_prefill_through_a_cpu_server(tmp_path):
     for r in requests:
         assert r["prompt_tokens"] == 640 and r["cached_tokens"] == 0  # fresh prompts: no radix hit
         assert isinstance(r["first_token"], int) and r["first_logprob"] <= 0 and r["seconds"] > 0
-        assert r["memory_peak_bytes"] is None  # no CUDA here
+        assert r["memory_peak_bytes"] is None  # no NVML or GPU here
     # Each prompt went in as chunks of 256 new tokens (256, 256, 128), not as one forward.
     log = open(tmp_path / "chunked_nvfp4_sparse_predecode_auto.log").read()
     chunks = [int(n) for n in re.findall(r"Prefill batch.*?#new-token: (\d+)", log)]

@@ -466,8 +466,8 @@ TILE_COPY_WARPS = 4
 TILE_COPY_REGISTER_PLAN = (168, 192, 24)
 # Predecoded mode's ring: 3 slots of 64 KB (a K and a V^T tile) and both consumers' Q (32 KB) take 224 of the 227 KB
 # a CTA may have; the copies then run two pages ahead of the slower consumer instead of one. On one H100 (T = 32K,
-# top-16, 4 alternating rounds, bench/results/predecode_ring_h100.md): per-token random selections 3.7% (64/4) and
-# 4.1% (16/1) faster, the indexer's 0.8%, runs of 8 shared 0.9% slower; same bits.
+# top-16, 4 runs each: 2 alternating rounds in each of 2 calls, bench/results/predecode_ring_h100.md): per-token
+# random selections 3.7% (64/4) and 4.1% (16/1) faster, the indexer's 0.8%, runs of 8 shared 0.9% slower; same bits.
 TILE_COPY_STAGES = 3
 
 
