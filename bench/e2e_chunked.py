@@ -1,15 +1,15 @@
 """``chunked`` step of bench_e2e and bench_m3: long prompts through a real server under SGLang's chunked prefill.
 
-``one_batch`` runs a prompt as one forward. A server cuts a long prompt into chunks of ``--chunked-prefill-size``
-tokens, and each chunk is a forward over everything before it. Those forwards have few query tokens per block-table
-slot, which is what ``triton_predecode.pays`` decides on. So this step measures predecoding where it is least
-likely to pay, and its memory, where it is allocated per forward.
+``one_batch`` runs a prompt as one forward. A server cuts a long prompt into chunks (``--chunk-size`` tokens,
+passed as SGLang's ``--chunked-prefill-size``), and each chunk is a forward over everything before it. Those forwards
+have few query tokens per block-table slot, which is what ``triton_predecode.pays`` decides on. So this step
+measures predecoding where it is least likely to pay, and its memory, where it is allocated per forward.
 
 Per variant, one server: ``nvfp4_sparse`` twice, with ``NVFP4_SPARSE_PREDECODE=auto`` (the default) and ``off``,
-then each other backend of ``--backends``. Per prompt length of ``--input-lens``, one untimed prompt, then
-``repeats`` timed ones. Each is a fresh list of random token ids (below 10000 and the model's vocabulary), the same
-lists for every variant, so the radix cache never hits and the variants answer the same prompts. Each request asks
-for 1 new token (greedy, with its logprob), so its latency is the prefill's.
+then each other backend of ``--backends``. Per prompt length (``--chunked-input-lens``), one untimed prompt, then
+``--chunked-repeats`` timed ones. Each is a fresh list of random token ids (below 10000 and the model's
+vocabulary), the same lists for every variant, so the radix cache never hits and the variants answer the same
+prompts. Each request asks for 1 new token (greedy, with its logprob), so its latency is the prefill's.
 
 Around each request a thread polls GPU 0's used memory through NVML (every 10 ms; no CUDA context in this process,
 which would take memory from the servers) and records the most above the level just before the request, with a last
@@ -17,9 +17,9 @@ sample at its end; on a host without NVML or a GPU, none. The servers' allocator
 the first (untimed) request of each length shows what such forwards need beyond the pool; later ones mostly show 0.
 
 Results go under ``chunked`` in the run's JSON, per variant: ``requests`` (length, seconds, first token, its logprob,
-memory). ``agreement`` lists, per variant pair, how many prompts got the same first token. Predecoding keeps the
-attention's bits, so ``auto`` and ``off`` must agree on every prompt; with a dense backend only NVFP4 storage and the
-sparse selection separate the answers.
+memory); ``summary`` per variant and length (:func:`summarize`). ``agreement`` lists, per variant pair, how many
+prompts got the same first token. Predecoding keeps the attention's bits, so ``auto`` and ``off`` must agree on every
+prompt; with a dense backend only NVFP4 storage and the sparse selection separate the answers.
 """
 
 from __future__ import annotations
@@ -144,6 +144,21 @@ def agreement(by_label: dict) -> dict:
     return pairs
 
 
+def summarize(by_label: dict) -> dict:
+    """Per variant and prompt length: the timed requests' mean seconds and the first request's memory peak (bytes,
+    or None)."""
+    out = {}
+    for label, entry in by_label.items():
+        rows = entry.get("requests", [])
+        for input_len in sorted({r["input_len"] for r in rows}):
+            timed = [r["seconds"] for r in rows if r["input_len"] == input_len and r["timed"]]
+            first = [r["memory_peak_bytes"] for r in rows if r["input_len"] == input_len and not r["timed"]]
+            out.setdefault(label, {})[str(input_len)] = {
+                "mean_seconds": sum(timed) / len(timed) if timed else None,
+                "first_request_memory_peak_bytes": first[0] if first else None}
+    return out
+
+
 def run_step(bench: BenchRun, backends: list[str], model: str, input_lens: list[int], chunk: int,
              repeats: int = 2, extra_args=(), chosen=None) -> None:
     """Serve each variant of ``backends`` (:func:`variants`; ``chosen``: those labels only) with chunks of ``chunk``
@@ -169,4 +184,5 @@ def run_step(bench: BenchRun, backends: list[str], model: str, input_lens: list[
         _serve(bench, model, backend, env, server_args, input_lens, repeats, vocab_size, read_used, entry)
         bench.save()
     results["agreement"] = agreement(by_label)
+    results["summary"] = summarize(by_label)
     bench.save()

@@ -44,6 +44,14 @@ def test_agreement_counts_same_first_tokens_over_the_prompts_both_answered():
     assert e2e_chunked.agreement(by_label) == {"a vs b": {"same": 1, "prompts": 2}}
 
 
+def test_summary_averages_the_timed_requests_and_keeps_the_first_requests_memory():
+    rows = [{"input_len": 8, "index": 0, "timed": False, "seconds": 9.0, "memory_peak_bytes": 700},
+            {"input_len": 8, "index": 1, "timed": True, "seconds": 1.0, "memory_peak_bytes": 0},
+            {"input_len": 8, "index": 2, "timed": True, "seconds": 2.0, "memory_peak_bytes": 0}]
+    assert e2e_chunked.summarize({"a": {"requests": rows}, "b": {"skipped": "budget"}}) == {
+        "a": {"8": {"mean_seconds": 1.5, "first_request_memory_peak_bytes": 700}}}
+
+
 def test_memory_peak_is_the_most_above_the_level_at_entry_and_samples_at_exit():
     readings = iter([1000, 1400, 1900])  # at entry; then every later sample (the poll's and the exit's) sees 1900
 
@@ -65,6 +73,7 @@ def test_a_chunked_prefill_through_a_cpu_server(tmp_path):
                          extra_args=["--max-total-tokens", "65536"], chosen={"nvfp4_sparse_predecode_auto"})
     saved = json.load(open(tmp_path / "e2e.json"))["chunked"]
     assert saved["chunked_prefill_size"] == 256 and saved["agreement"] == {}
+    assert saved["summary"]["nvfp4_sparse_predecode_auto"]["640"]["mean_seconds"] > 0
     entry = saved["variants"]["nvfp4_sparse_predecode_auto"]
     assert "error" not in entry, entry.get("error")
     assert entry["env"] == {"NVFP4_SPARSE_PREDECODE": "auto"}
