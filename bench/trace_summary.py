@@ -2,7 +2,8 @@
 ``e2e_one_batch``): the periods between consecutive launches of the decode CUDA graph, with the GPU's busy time in
 each and the host time before each launch (from the end of the previous step's last GPU work); then the GPU
 time by kernel and the GPU's idle gaps over the whole trace (for a prefill trace, which has no graph launches, the
-gaps show where the host held the GPU up).
+gaps show where the host held the GPU up), and the GPU time by class of kernel (``KERNEL_CLASSES``: what a prefill
+spends outside attention).
 
     python bench/trace_summary.py TRACE.json.gz [TRACE.json.gz ...] [--functions NAME ...]
 
@@ -20,9 +21,20 @@ import bisect
 import collections
 import gzip
 import json
+import re
 import sys
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# (class, pattern searched in the kernel's name); a kernel counts in the first class that matches.
+KERNEL_CLASSES = (
+    ("linear layers (cuBLAS nvjet GEMMs)", r"nvjet"),
+    ("attention", r"PrefillWithKVCache|BatchPrefill|BatchDecode|_ws_prefill_kernel|_sparse_(prefill|decode)_kernel"),
+    ("selection, planning, cache writes (nvfp4_sparse)",
+     r"_ws_proxy_scores|_select_scored|_plan_tiles|_predecode|_write_kv"),
+    ("RMSNorm", r"RMSNorm"),
+    ("activation, RoPE", r"act_and_mul|fused_rope"),
+    ("other kernels and copies", r""),
+)
 
 
 def end_of(events) -> float:
@@ -73,6 +85,28 @@ def summarize(path: str, functions: list[str]) -> None:
     print("GPU time by kernel (whole trace):")
     for name, (count, dur) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:25]:
         print(f"  {dur / 1e3:8.3f} ms {count:4d}x  {name}")
+    if gpu:
+        print("GPU time by class (whole trace; the idle time is the span less the union of the GPU's busy intervals):")
+        for name, ms in by_class(gpu).items():
+            print(f"  {ms:8.3f} ms  {name}")
+
+
+def by_class(gpu) -> dict:
+    """ms of GPU work per ``KERNEL_CLASSES`` class, then ``"GPU idle"``: the span from the first GPU event's start to
+    the last one's end, less the union of their intervals."""
+    totals = dict.fromkeys([name for name, _ in KERNEL_CLASSES], 0.0)
+    for e in gpu:
+        totals[next(name for name, pattern in KERNEL_CLASSES if re.search(pattern, e["name"]))] += e["dur"] / 1e3
+    busy, start, end = 0.0, None, None
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        if end is None or e["ts"] > end:
+            busy += 0.0 if end is None else end - start
+            start, end = e["ts"], e["ts"] + e["dur"]
+        else:
+            end = max(end, e["ts"] + e["dur"])
+    busy += end - start
+    totals["GPU idle"] = (end_of(gpu) - gpu[0]["ts"] - busy) / 1e3
+    return totals
 
 
 if __name__ == "__main__":
