@@ -26,13 +26,18 @@ import sys
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # (class, pattern searched in the kernel's name); a kernel counts in the first class that matches.
+# MiniMax-M3's in-tree path: its sparse attention (``_gqa_share_sparse_fwd``); its indexer's block scores (a
+# flash-attention kernel over the index keys) and top-k count as selection.
 KERNEL_CLASSES = (
     ("linear layers (cuBLAS nvjet GEMMs)", r"nvjet"),
-    ("attention", r"PrefillWithKVCache|BatchPrefill|BatchDecode|_ws_prefill_kernel|_sparse_(prefill|decode)_kernel"),
-    ("selection, planning, cache writes (nvfp4_sparse)",
-     r"_ws_proxy_scores|_select_scored|_plan_tiles|_predecode|_write_kv"),
+    ("MoE", r"fused_moe|moe_sum_reduce|moe_align"),
+    ("attention", r"PrefillWithKVCache|BatchPrefill|BatchDecode|_ws_prefill_kernel|_sparse_(prefill|decode)_kernel"
+                  r"|_gqa_share_sparse_fwd"),
+    ("selection, planning, cache writes",
+     r"_ws_proxy_scores|_key_scores|_select_scored|_plan_tiles|_predecode|_write_kv|_topk_index"
+     r"|_flash_attn_fwd_with_block_score"),
     ("RMSNorm", r"RMSNorm"),
-    ("activation, RoPE", r"act_and_mul|fused_rope"),
+    ("activation, RoPE, q/k norms", r"act_and_mul|fused_rope|qknorm_rope"),
     ("other kernels and copies", r""),
 )
 

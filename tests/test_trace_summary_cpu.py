@@ -31,8 +31,8 @@ GPU = [
 def test_gpu_time_by_class():
     totals = trace_summary.by_class(GPU)
     assert totals == pytest.approx({
-        "linear layers (cuBLAS nvjet GEMMs)": 1.0, "attention": 0.4,
-        "selection, planning, cache writes (nvfp4_sparse)": 0.3, "RMSNorm": 0.05, "activation, RoPE": 0.0,
+        "linear layers (cuBLAS nvjet GEMMs)": 1.0, "MoE": 0.0, "attention": 0.4,
+        "selection, planning, cache writes": 0.3, "RMSNorm": 0.05, "activation, RoPE, q/k norms": 0.0,
         "other kernels and copies": 0.1, "GPU idle": 0.75})
 
 
