@@ -32,10 +32,10 @@ KERNEL_CLASSES = (
     ("linear layers (cuBLAS nvjet GEMMs)", r"nvjet"),
     ("MoE", r"fused_moe|moe_sum_reduce|moe_align"),
     ("attention", r"PrefillWithKVCache|BatchPrefill|BatchDecode|_ws_prefill_kernel|_sparse_(prefill|decode)_kernel"
-                  r"|_gqa_share_sparse_fwd"),
+                  r"|_combine_splits|_gqa_share_sparse_fwd"),
     ("selection, planning, cache writes",
-     r"_ws_proxy_scores|_key_scores|_select_scored|_plan_tiles|_predecode|_write_kv|_topk_index"
-     r"|_flash_attn_fwd_with_block_score"),
+     r"_ws_proxy_scores|_key_scores|_select_scored|_select_kernel|_summarize|_plan_tiles|_predecode|_write_kv"
+     r"|_write_fp8_index_keys|_topk_index|_flash_attn_fwd_with_block_score|store_kvcache|store_kv_index"),
     ("RMSNorm", r"RMSNorm"),
     ("activation, RoPE, q/k norms", r"act_and_mul|fused_rope|qknorm_rope"),
     ("other kernels and copies", r""),
@@ -98,24 +98,19 @@ def summarize(path: str, functions: list[str]) -> None:
 
 def by_class(gpu) -> dict:
     """ms of GPU work per ``KERNEL_CLASSES`` class, then ``"GPU idle"``: the span from the first GPU event's start to
-    the last one's end, less the union of their intervals."""
+    the last one's end, less the union of their intervals. ``gpu``: a non-empty list of Chrome-trace ``"X"`` events
+    (``name``, ``ts`` and ``dur`` in µs), in any order."""
     totals = dict.fromkeys([name for name, _ in KERNEL_CLASSES], 0.0)
     for e in gpu:
         totals[next(name for name, pattern in KERNEL_CLASSES if re.search(pattern, e["name"]))] += e["dur"] / 1e3
-    busy, start, end = 0.0, None, None
-    for e in sorted(gpu, key=lambda e: e["ts"]):
-        if end is None or e["ts"] > end:
-            busy += 0.0 if end is None else end - start
+    ordered = sorted(gpu, key=lambda e: e["ts"])
+    busy, start, end = 0.0, ordered[0]["ts"], ordered[0]["ts"] + ordered[0]["dur"]
+    for e in ordered[1:]:
+        if e["ts"] > end:  # a gap: close the interval
+            busy += end - start
             start, end = e["ts"], e["ts"] + e["dur"]
         else:
             end = max(end, e["ts"] + e["dur"])
     busy += end - start
-    totals["GPU idle"] = (end_of(gpu) - gpu[0]["ts"] - busy) / 1e3
+    totals["GPU idle"] = (end_of(gpu) - ordered[0]["ts"] - busy) / 1e3
     return totals
-
-
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    cut = args.index("--functions") if "--functions" in args else len(args)
-    for p in args[:cut]:
-        summarize(p, args[cut + 1:])
