@@ -114,3 +114,10 @@ def by_class(gpu) -> dict:
     busy += end - start
     totals["GPU idle"] = (end_of(gpu) - ordered[0]["ts"] - busy) / 1e3
     return totals
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    cut = args.index("--functions") if "--functions" in args else len(args)
+    for p in args[:cut]:
+        summarize(p, args[cut + 1:])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -46,3 +47,12 @@ def test_summary_prints_the_classes(tmp_path, capsys):
     trace_summary.summarize(str(trace), [])
     out = capsys.readouterr().out
     assert "0.400 ms  attention" in out and "0.750 ms  GPU idle" in out
+
+
+def test_command_line_summarizes_each_trace(tmp_path):
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": GPU}, f)
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "trace_summary.py")
+    out = subprocess.run([sys.executable, script, str(trace)], capture_output=True, text=True, check=True).stdout
+    assert f"== {trace}" in out and "0.750 ms  GPU idle" in out
