@@ -66,12 +66,7 @@ def summarize(path: str, functions: list[str]) -> None:
               f"host before the next launch {(b - end) / 1e3:.3f} ms")
     if gpu:  # the GPU's idle gaps over the whole trace (a prefill has no graph launches: its host stalls show here)
         span = end_of(gpu) - gpu[0]["ts"]
-        gaps, end, before = [], gpu[0]["ts"], gpu[0]["name"]
-        for e in gpu:
-            if e["ts"] > end + 20:
-                gaps.append((e["ts"] - end, before, e["name"]))
-            if e["ts"] + e["dur"] > end:
-                end, before = e["ts"] + e["dur"], e["name"]
+        gaps = idle_gaps(gpu, longer_than_us=20)
         host = [e["ts"] for e in events if e.get("cat") not in GPU_CATS]
         if host:
             print(f"first GPU work {(gpu[0]['ts'] - min(host)) / 1e3:.3f} ms after the first host event, last GPU work "
@@ -96,23 +91,28 @@ def summarize(path: str, functions: list[str]) -> None:
             print(f"  {ms:8.3f} ms  {name}")
 
 
+def idle_gaps(gpu, longer_than_us: float = 0.0) -> list:
+    """The stretches longer than ``longer_than_us`` in which the GPU ran nothing, between the first GPU event's start
+    and the last one's end: ``(µs, name of the event whose end starts it, name of the event that ends it)``. ``gpu``: a
+    non-empty list of Chrome-trace ``"X"`` events, in any order."""
+    ordered = sorted(gpu, key=lambda e: e["ts"])
+    gaps, end, before = [], ordered[0]["ts"], ordered[0]["name"]
+    for e in ordered:
+        if e["ts"] > end + longer_than_us:
+            gaps.append((e["ts"] - end, before, e["name"]))
+        if e["ts"] + e["dur"] > end:
+            end, before = e["ts"] + e["dur"], e["name"]
+    return gaps
+
+
 def by_class(gpu) -> dict:
     """ms of GPU work per ``KERNEL_CLASSES`` class, then ``"GPU idle"``: the span from the first GPU event's start to
-    the last one's end, less the union of their intervals. ``gpu``: a non-empty list of Chrome-trace ``"X"`` events
-    (``name``, ``ts`` and ``dur`` in µs), in any order."""
+    the last one's end, less the union of their intervals (every :func:`idle_gaps`). ``gpu``: a non-empty list of
+    Chrome-trace ``"X"`` events (``name``, ``ts`` and ``dur`` in µs), in any order."""
     totals = dict.fromkeys([name for name, _ in KERNEL_CLASSES], 0.0)
     for e in gpu:
         totals[next(name for name, pattern in KERNEL_CLASSES if re.search(pattern, e["name"]))] += e["dur"] / 1e3
-    ordered = sorted(gpu, key=lambda e: e["ts"])
-    busy, start, end = 0.0, ordered[0]["ts"], ordered[0]["ts"] + ordered[0]["dur"]
-    for e in ordered[1:]:
-        if e["ts"] > end:  # a gap: close the interval
-            busy += end - start
-            start, end = e["ts"], e["ts"] + e["dur"]
-        else:
-            end = max(end, e["ts"] + e["dur"])
-    busy += end - start
-    totals["GPU idle"] = (end_of(gpu) - ordered[0]["ts"] - busy) / 1e3
+    totals["GPU idle"] = sum(gap for gap, _, _ in idle_gaps(gpu)) / 1e3
     return totals
 
 
