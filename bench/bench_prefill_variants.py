@@ -7,9 +7,11 @@ of 16 tokens that share their decoded pages; measured and dropped, ``bench/resul
 
 A variant is ``CLUSTER:PRODUCER_WARPS``, or ``predecoded`` (the pages decoded once per layer into fp16 tiles that the
 kernel copies, ``triton_predecode``; the timed call is ``launch``'s predecoding, planning and kernel, the forward's
-``prepare`` made once before); a tree whose ``gluon_prefill.launch`` takes no ``cluster`` runs the variants with
-``CLUSTER`` 1 only, one without ``predecoded`` skips that variant. ``TREE`` is the source tree whose ``sglang_nvfp4`` is measured, so two trees compare by
-running this script once per tree on the same machine. Problems as in ``bench_regression.py``, same seeds: T =
+``prepare`` made once before), either with ``+groups`` appended for tiles of regrouped tokens (``launch(token_groups=
+True)``: ``group_tokens`` is timed too); a tree whose ``gluon_prefill.launch`` takes no ``cluster`` runs the variants
+with ``CLUSTER`` 1 only, one without ``predecoded`` or ``token_groups`` skips those variants. ``TREE`` is the source
+tree whose ``sglang_nvfp4`` is measured, so two trees compare by running this script once per tree on the same
+machine. Problems as in ``bench_regression.py``, same seeds: T =
 ``--t`` tokens of one request, 64 query / 4 KV heads with per-token random top-16, top-16 shared by runs of 8 (or 16:
 ``shared16``) tokens and the quest indexer's selection; 16/1 random. ``--chunk C`` times only the prompt's last ``C``
 tokens (their selections as in the whole prompt): an extend over a prefix of ``T - C`` tokens, the last chunk of a
@@ -39,7 +41,8 @@ def parse_args(argv=None):
     parser.add_argument("--chunk", type=int, default=0,
                         help="time the last C tokens only (0: all T); a multiple of 8, so that the shared patterns' "
                              "runs stay those of the whole prompt")
-    parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"], help="CLUSTER:PRODUCER_WARPS or predecoded")
+    parser.add_argument("--variants", nargs="+", default=["1:8", "1:4"],
+                        help="CLUSTER:PRODUCER_WARPS or predecoded, either with +groups")
     parser.add_argument("--patterns", nargs="+", default=["random", "shared8", "indexer"],
                         help="64/4 selections: random, shared8, shared16 (runs of 16 tokens), indexer")
     parser.add_argument("--device", default="cuda", help="cpu: check the arguments and the problems only")
@@ -86,10 +89,16 @@ def main(argv=None):
     launch_parameters = inspect.signature(gluon_prefill.launch).parameters
     has_clusters = "cluster" in launch_parameters
     has_predecoded = "predecoded" in launch_parameters
-    variants = [(0, 0) if v == PREDECODED else tuple(int(x) for x in v.split(":")) for v in args.variants]
-    skipped = [v for v in variants if (v != (0, 0) and v[0] != 1 and not has_clusters)
-               or (v == (0, 0) and not has_predecoded)]
-    variants = [v for v in variants if v not in skipped]
+    has_groups = "token_groups" in launch_parameters
+    variants, skipped = [], []
+    for v in args.variants:
+        base, _, suffix = v.partition("+")
+        if suffix not in ("", "groups"):
+            raise SystemExit(f"--variants {v}: the only suffix is +groups")
+        mode = (0, 0) if base == PREDECODED else tuple(int(x) for x in base.split(":"))
+        runs = ((mode != (0, 0) and (mode[0] == 1 or has_clusters)) or (mode == (0, 0) and has_predecoded)) \
+            and (not suffix or has_groups)
+        (variants if runs else skipped).append(mode + (suffix == "groups",) if runs else v)
     if skipped:
         print(f"{package_file}: variants {skipped} not run (no such mode)", flush=True)
     dev = args.device
@@ -100,11 +109,13 @@ def main(argv=None):
             continue
         out = torch.empty_like(q)
         scale = torch.ones(1, device=dev)
-        for cluster, warps in variants:
+        for cluster, warps, groups in variants:
             extra = {"cluster": cluster} if has_clusters and cluster else {}
             if (cluster, warps) == (0, 0):  # predecoded
                 extra = {"predecoded": triton_predecode.prepare(table, req, pos, cache.shape[1] // 2)}
                 warps = None
+            if groups:
+                extra["token_groups"] = True
 
             def run():
                 if "predecoded" in extra:
@@ -114,10 +125,22 @@ def main(argv=None):
 
             ms = graph_ms(run)
             digest = output_hash(out)
-            variant = PREDECODED if "predecoded" in extra else f"{cluster}:{warps}"
-            rows.append({"case": name, "variant": variant, "cluster": cluster, "producer_warps": warps, "ms": ms,
-                         "hash": digest, "tokens_per_slot": q.shape[0] / table.numel()})
-            print(f"  {name} {variant}: {ms:.3f} ms  {digest}", flush=True)
+            # The tiles' mean union (pages per tile and KV head) and, with +groups, the regrouping alone.
+            plan_table = extra["predecoded"].slot_table if "predecoded" in extra else table
+            group = q.shape[1] // (cache.shape[1] // 2)
+            order = gluon_prefill.group_tokens(ids, plan_table, req, pos, group) if groups else None
+            union = gluon_prefill.plan(ids, plan_table, req, pos, group, *([order] if groups else []))[0]
+            union = union.float().mean().item()
+            timings = {"union_mean": union}
+            if groups:
+                timings["group_tokens_ms"] = graph_ms(lambda: gluon_prefill.group_tokens(ids, plan_table, req, pos,
+                                                                                        group))
+            variant = (PREDECODED if "predecoded" in extra else f"{cluster}:{warps}") + ("+groups" if groups else "")
+            rows.append({"case": name, "variant": variant, "cluster": cluster, "producer_warps": warps,
+                         "token_groups": groups, "ms": ms, "hash": digest,
+                         "tokens_per_slot": q.shape[0] / table.numel(), **timings})
+            print(f"  {name} {variant}: {ms:.3f} ms  {digest}  union {union:.1f}"
+                  + (f"  group_tokens {timings['group_tokens_ms']:.3f} ms" if groups else ""), flush=True)
         del out
     write_tree_record(args.out, "bench_prefill_variants.py", argv, package_file, rows, dev)
 

@@ -18,7 +18,7 @@ def test_rehearsal_builds_every_problem_and_skips_cluster_variants_without_the_m
     bench_prefill_variants.main(["--out", str(out), "--t", "1024", "--device", "cpu", "--variants", "1:8", "2:4",
                                  "--patterns", "random", "shared16", "indexer"])
     printed = capsys.readouterr().out
-    assert "variants [(2, 4)] not run" in printed
+    assert "variants ['2:4'] not run" in printed
     names = [line.split(":")[0] for line in printed.splitlines() if line.startswith("prefill_")]
     assert names == ["prefill_T1024_64x4_random", "prefill_T1024_64x4_shared16", "prefill_T1024_64x4_indexer",
                      "prefill_T1024_16x1_random"]

@@ -219,6 +219,46 @@ def test_predecode_setting_is_validated(monkeypatch):
     assert not kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1).predecodes
 
 
+def test_token_groups_setting_is_validated():
+    assert kernels.token_groups_setting({}) == "auto"
+    assert kernels.token_groups_setting({kernels.TOKEN_GROUPS_ENV: " off "}) == "off"
+    with pytest.raises(ValueError, match="NVFP4_SPARSE_TOKEN_GROUPS='on'"):
+        kernels.token_groups_setting({kernels.TOKEN_GROUPS_ENV: "on"})
+
+
+@pytest.mark.parametrize("setting, tokens, run, heads, width, want", [
+    ("auto", 1024, 1, 16, 16, True),
+    (None, 1024, 1, 16, 16, True),  # the default
+    ("auto", 1023, 1, 16, 16, False),  # fewer than GROUP_MIN_TOKENS
+    ("auto", 1024, 1, 16, 33, None),  # wider than the Gluon prefill serves: Triton, consecutive tiles
+    ("auto", 1024, 1, 64, 64, True),  # 64 heads per KV head: 2-token tiles
+    ("auto", 1024, 8, 16, 16, False),  # runs of 8 tokens share their selection: nothing to regroup
+    ("off", 1024, 1, 16, 16, False),
+])
+def test_dispatcher_regroups_tokens_that_select_alone(monkeypatch, setting, tokens, run, heads, width, want):
+    """With ``NVFP4_SPARSE_TOKEN_GROUPS=auto`` (the default) the Gluon prefill's layers get ``token_groups`` when
+    at least ``GROUP_MIN_TOKENS`` tokens select alone; the layers it falls back on, shorter forwards and shared
+    selections run as before."""
+    assert kernels.GROUP_MIN_TOKENS == 1024
+    p = make_problem(37, [tokens + 5], [tokens], num_heads=heads, num_kv_heads=1)
+    monkeypatch.setenv(kernels.FORCE_ENV, "gluon")
+    monkeypatch.setenv(kernels.PREDECODE_ENV, "off")  # (predecoding would launch a kernel here)
+    if setting is None:
+        monkeypatch.delenv(kernels.TOKEN_GROUPS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(kernels.TOKEN_GROUPS_ENV, setting)
+    monkeypatch.setattr(kernels, "_gluon_serves", lambda device: True)
+    plan = kernels.plan_attention("prefill", p.block_table, p.req, p.pos, num_kv_heads=1, selection_run=run)
+    served, fallen_back = [], []
+    plan._launch = lambda *args, **options: served.append(options)
+    plan._fallback = lambda *args, **options: fallen_back.append(options)
+    plan.run(p.q, p.cache, random_block_ids(p, seed=0, width=width), 1.0, 1.0, 0.1)
+    if want is None:
+        assert served == [] and fallen_back == [{}]
+    else:
+        assert served == [{"token_groups": True} if want else {}] and fallen_back == []
+
+
 @pytest.mark.parametrize("tokens, rows, width, run, want", [
     (32768, 1, 256, 8, True),  # a 32K prompt in one forward: 128 tokens per slot
     (4096, 1, 256, 8, True),  # exactly 16 tokens per slot, selections shared by runs of 8

@@ -17,7 +17,7 @@ import torch
 import triton
 from triton.runtime.jit import mangle_type
 
-from gluon_compile import compile_for_hopper, cuobjdump
+from gluon_compile import compile_for_hopper, cuobjdump, registers_and_stack
 from sglang_nvfp4 import format as fmt
 
 from sglang_nvfp4.kernels import gluon_prefill, triton_predecode
@@ -27,25 +27,28 @@ hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="needs an NVIDIA Hopper (
 DEV = "cuda"
 
 
-def _signature(by_pointer: bool, predecoded: bool) -> dict:
+def _signature(by_pointer: bool, predecoded: bool, ordered: bool = False) -> dict:
     ptr_scale = "*fp32" if by_pointer else "fp32"
     # The predecoded tiles' TMA descriptor as the launcher passes it (its type only: a CPU tensor stands in).
     tiles = torch.empty(1, 4, 2, fmt.PAGE_SIZE, fmt.HEAD_DIM, dtype=torch.float16)
     desc = mangle_type(gluon_prefill.tiles_descriptor(tiles)) if predecoded else "constexpr"
     sig = {name: "*i32" for name in ("plan_len_ptr", "plan_page_ptr", "plan_block_ptr", "plan_members_ptr")}
-    sig = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8", "pos_ptr": "*i32", "tiles_desc": desc, **sig,
+    sig = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8", "pos_ptr": "*i32",
+           "order_ptr": "*i32" if ordered else "constexpr", "tiles_desc": desc, **sig,
            "k_scale": ptr_scale, "v_scale": ptr_scale, "sm_scale": "fp32"}
     sig.update({name: "i32" for name in ("T", "stride_qt", "stride_qh", "stride_ot", "stride_oh")})
     sig.update({name: "constexpr" for name in ("HKV", "GROUP", "GROUP_POW2", "TOKENS", "WIDTH", "K_SCALE_BY_POINTER",
                                                "V_SCALE_BY_POINTER", "PRODUCER_WARPS", "CONSUMER_REGS",
-                                               "PRODUCER_REGS", "PREDECODED", "RING_SLOTS")})
+                                               "PRODUCER_REGS", "PREDECODED", "RING_SLOTS", "ORDERED")})
     return sig
 
 
-def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int | None, predecoded: bool = False):
+def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int | None, predecoded: bool = False,
+                 ordered: bool = False):
     """The kernel compiled for sm_90 with the installed Triton, as :func:`gluon_prefill.run` launches it for 4 KV
     heads of ``group`` query heads, ``width`` ids per token and the ``producer_warps`` register plan, or in predecoded
-    mode (``producer_warps`` then ignored, as by ``run``); also used by ``bench/gluon_resources.py``."""
+    mode (``producer_warps`` then ignored, as by ``run``), with a token order (``ordered``) or consecutive tiles;
+    also used by ``bench/gluon_resources.py``."""
     tokens = gluon_prefill.tokens_per_consumer(group)
     if predecoded:
         producer_warps, plan = gluon_prefill.TILE_COPY_WARPS, gluon_prefill.TILE_COPY_REGISTER_PLAN
@@ -56,11 +59,13 @@ def compile_sm90(group: int, width: int, by_pointer: bool, producer_warps: int |
                   "WIDTH": 2 * tokens * triton.next_power_of_2(width), "K_SCALE_BY_POINTER": by_pointer,
                   "V_SCALE_BY_POINTER": by_pointer, "PRODUCER_WARPS": producer_warps,
                   "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "PREDECODED": predecoded,
-                  "RING_SLOTS": gluon_prefill.ring_slots(predecoded)}
+                  "RING_SLOTS": gluon_prefill.ring_slots(predecoded), "ORDERED": ordered}
     if not predecoded:
         constexprs["tiles_desc"] = None
-    return compile_for_hopper(gluon_prefill._ws_prefill_kernel, _signature(by_pointer, predecoded), constexprs, 4,
-                              max_regs)
+    if not ordered:
+        constexprs["order_ptr"] = None
+    return compile_for_hopper(gluon_prefill._ws_prefill_kernel, _signature(by_pointer, predecoded, ordered),
+                              constexprs, 4, max_regs)
 
 
 @pytest.mark.parametrize("producer_warps", sorted(gluon_prefill.REGISTER_PLANS))
@@ -89,6 +94,21 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
     # producer's live-key maximum.
     assert ptx.count("shfl.sync") < 40
+
+
+@pytest.mark.parametrize("predecoded", [False, True])
+def test_token_order_compiles_for_hopper(predecoded):
+    """With a token order (``group_tokens``) each consumer loads its rows' tokens from it, and so does the fused
+    producer for its tile's positions; nothing else changes: the same products, no spills, one CTA per SM."""
+    ordered = compile_sm90(16, 32, False, 8, predecoded=predecoded, ordered=True)
+    plain = compile_sm90(16, 32, False, 8, predecoded=predecoded)
+    ptx, plain_ptx = ordered.asm["ptx"], plain.asm["ptx"]
+    assert ptx.count("wgmma.mma_async") == plain_ptx.count("wgmma.mma_async")
+    # The order's pointer reaches the worker partitions through shared memory, as their other arguments do.
+    assert plain.metadata.shared <= ordered.metadata.shared <= min(plain.metadata.shared + 64, 227 * 1024)
+    assert registers_and_stack(ordered)[1] <= registers_and_stack(plain)[1]  # no more stack (spills) than without
+    # The order's loads: each consumer's Q rows and output rows, and in the fused mode the producer's positions.
+    assert ptx.count("ld.global") > plain_ptx.count("ld.global")
 
 
 @pytest.mark.parametrize("group, width, by_pointer", [(16, 32, False), (8, 16, True)])
@@ -213,15 +233,21 @@ def test_producer_sizes_give_the_same_bits(lens, extends, heads, kv_heads, width
         assert torch.equal(out, outs[0])
 
 
-@pytest.mark.gpu
-@hopper_only
-@pytest.mark.parametrize("lens, extends, heads, kv_heads, width", [
+# Problems on which two launch modes must give the same bits: a chunk starting mid-page then a whole request; the
+# default budget at 32K; 16/1 heads with tiles across three requests; 8 heads per KV head (16-token tiles); 10 heads
+# per KV head (padded rows).
+SAME_BITS_PROBLEMS = [
     ([4396, 700], [4096, 700], 64, 4, 16),
     ([33068, 700], [32768, 700], 64, 4, 32),
     ([8492, 1000, 333], [8192, 999, 333], 16, 1, 32),
     ([5000, 3000], [1000, 777], 32, 4, 16),
     ([3000], [2999], 40, 4, 16),
-])
+]
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("lens, extends, heads, kv_heads, width", SAME_BITS_PROBLEMS)
 @pytest.mark.parametrize("scales_on_device, key_tiles", [(False, False), (True, True)])
 def test_predecoded_mode_gives_the_same_bits(lens, extends, heads, kv_heads, width, scales_on_device, key_tiles):
     """The pages decoded once into tiles (garbage, often E4M3 NaN codes, in every unwritten row; chunks that start
@@ -240,6 +266,34 @@ def test_predecoded_mode_gives_the_same_bits(lens, extends, heads, kv_heads, wid
                                torch.full_like(q, float("nan")), predecoded=predecoded)
     assert not fused.isnan().any()
     assert torch.equal(out.view(torch.int16), fused.view(torch.int16))
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("lens, extends, heads, kv_heads, width", SAME_BITS_PROBLEMS)
+@pytest.mark.parametrize("predecode", [False, True])
+def test_token_groups_give_the_same_bits(lens, extends, heads, kv_heads, width, predecode):
+    """Tiles of regrouped tokens (``token_groups``: tiles across requests, a last tile with fewer tokens) give the
+    consecutive tiles' output bits, fused and predecoded; the order places every token once, and its tiles visit
+    fewer union pages in all than consecutive tiles."""
+    q, cache, block_ids, block_table, req, pos, _ = _problem(sum(lens) + 11, lens, extends, heads, kv_heads, width)
+    group = heads // kv_heads
+    order = gluon_prefill.group_tokens(block_ids, block_table, req, pos, group)
+    t = q.shape[0]
+    for h in range(kv_heads):
+        placed = order[h][order[h] < t]
+        assert torch.equal(torch.sort(placed).values, torch.arange(t, device=DEV, dtype=torch.int32))
+    ungrouped = gluon_prefill.plan(block_ids, block_table, req, pos, group)[0].sum()
+    assert gluon_prefill.plan(block_ids, block_table, req, pos, group, order)[0].sum() < ungrouped
+    extra = {}
+    if predecode:
+        extra["predecoded"] = triton_predecode.prepare(block_table, req, pos, kv_heads)
+        triton_predecode.launch(cache, block_table, extra["predecoded"])
+    outs = [gluon_prefill.launch(q, cache, block_ids, block_table, req, pos, 0.5, 2.0, fmt.HEAD_DIM**-0.5,
+                                 torch.full_like(q, float("nan")), token_groups=grouped, **extra)
+            for grouped in (False, True)]
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[1].view(torch.int16), outs[0].view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -49,7 +49,7 @@ def compile_source(kernel: JITFunction, args: tuple, kwargs: dict) -> tuple[ASTS
     signature, constants, attrs = {}, {}, {}
     for index, param in enumerate(kernel.params):
         value = values[param.name] if param.name in values else param.default
-        if param.is_constexpr or (type(value) is int and value == 1):
+        if param.is_constexpr or value is None or (type(value) is int and value == 1):
             signature[param.name], constants[param.name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + _TYPES[value.dtype]

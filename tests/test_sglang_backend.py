@@ -500,7 +500,7 @@ def test_unsupported_head_dim_fails_at_startup():
      ({"NVFP4_SPARSE_TOPK": "x"}, "TOPK"),
      ({"NVFP4_SPARSE_INDEXER": "oracle"}, "INDEXER"), ({"NVFP4_SPARSE_SINK_BLOCKS": "32"}, "SINK"),
      ({"NVFP4_SPARSE_DENSE_LAYERS": "1,a"}, "DENSE_LAYERS"), ({"NVFP4_SPARSE_KERNEL": "bogus"}, "KERNEL"),
-     ({"NVFP4_SPARSE_PREDECODE": "on"}, "PREDECODE='on'")],
+     ({"NVFP4_SPARSE_PREDECODE": "on"}, "PREDECODE='on'"), ({"NVFP4_SPARSE_TOKEN_GROUPS": "on"}, "GROUPS='on'")],
 )
 def test_bad_configuration_names_the_variable(env, match):
     with pytest.raises(ValueError, match=match):

@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=40, timeout=1200, run_s=130)  # the tests defined under ``if INTERPRETED``
+register_module(__file__, expected_passed=46, timeout=1200, run_s=130)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
@@ -83,15 +83,19 @@ if INTERPRETED:
         tolerance = {torch.float32: 2e-4, torch.float16: 1e-3, torch.bfloat16: 6e-3}[dtype]  # P in fp16 + output rounding
         assert rel_err(out, want) < tolerance
 
-    def _check_plan(p, block_ids, tokens_per_tile):
+    def _check_plan(p, block_ids, tokens_per_tile, order=None):
         """``plan_tiles`` against a Python model: per tile and KV head, every distinct (block, page) a tile token
         selected (ids >= 0 starting at or before its position), in (block, page) order, with the bitmask of the
-        tokens that selected it."""
-        union_len, plan = triton_prefill.plan_tiles(block_ids, p.block_table, p.req, p.pos, tokens_per_tile)
+        tokens that selected it; the tile's tokens consecutive, or ``order``'s (``len(p.pos)``: none)."""
+        union_len, plan = triton_prefill.plan_tiles(block_ids, p.block_table, p.req, p.pos, tokens_per_tile, order)
         for h in range(p.hkv):
             for tile in range(union_len.shape[1]):
                 want = {}
-                for b, t in enumerate(range(tile * tokens_per_tile, min((tile + 1) * tokens_per_tile, len(p.pos)))):
+                places = range(tile * tokens_per_tile, (tile + 1) * tokens_per_tile)
+                tokens = [order[h, i].item() for i in places] if order is not None else list(places)
+                for b, t in enumerate(tokens):
+                    if t >= len(p.pos):
+                        continue
                     for block in block_ids[h, t].tolist():
                         if 0 <= block and block * fmt.PAGE_SIZE <= p.pos[t]:
                             key = (block, int(p.block_table[p.req[t], block]))
@@ -154,6 +158,67 @@ if INTERPRETED:
                                  torch.stack([own - 1, own], -1)]).contiguous()  # [Hkv=2, T, K=2], all visible
         assert len(p.pos) % tokens_per_tile == 0 and bool((block_ids >= 0).all())
         _check_plan(p, block_ids, tokens_per_tile)
+
+    def _token_order_model(p, block_ids, tokens_per_tile):
+        """``group_tokens``' rule in Python: per KV head and window of ``GROUP_WINDOW`` tokens, a tile starts with the
+        window's earliest token left and each next place takes the token with the fewest selected ids (>= 0,
+        starting at or before its position) whose block the tile's tokens of the first token's request lack (all of
+        them for a token of another request), the earliest on ties."""
+        hkv, t, width = block_ids.shape
+        window = triton_prefill.GROUP_WINDOW
+        places = -(-t // tokens_per_tile) * tokens_per_tile
+        order = torch.full((hkv, places), t, dtype=torch.int32)
+        for h in range(hkv):
+            blocks = [[b for b in block_ids[h, i].tolist() if b >= 0 and b * fmt.PAGE_SIZE <= p.pos[i]]
+                      for i in range(t)]
+            for first in range(0, t, window):
+                left = list(range(first, min(t, first + window)))
+                for place in range(first, min(places, first + window)):
+                    if not left:
+                        break
+                    if (place - first) % tokens_per_tile == 0:
+                        union, pick = set(), left[0]
+                        tile_req = int(p.req[pick])
+                    else:
+                        def added(c):
+                            same = int(p.req[c]) == tile_req
+                            return sum(not (same and b in union) for b in blocks[c])
+                        pick = min(left, key=lambda c: (added(c), c))
+                    left.remove(pick)
+                    if int(p.req[pick]) == tile_req:
+                        union.update(blocks[pick])
+                    order[h, place] = pick
+        return order
+
+    @pytest.mark.parametrize("tokens_per_tile, width, lens", [
+        (4, 16, [1000, 700, 300]), (8, 32, [1000, 700, 300]), (16, 5, [1000, 700, 300]), (2, 64, [1000, 700, 300]),
+        (8, 16, [18000, 700, 9000]),  # block ids past 63 and 127: bitset words, each word's sign bit
+    ])
+    def test_group_tokens_follows_its_rule(tokens_per_tile, width, lens):
+        """Three requests sharing a page (windows across request boundaries), -1 ids, repeats and blocks past a
+        token's position; 64-token windows, the last with a partial tile."""
+        p = share_first_page(make_problem(44, lens, [40, 30, 50], num_kv_heads=2))
+        block_ids = random_block_ids(p, seed=5, width=width)
+        order = triton_prefill.group_tokens(block_ids, p.block_table, p.req, p.pos, tokens_per_tile)
+        want = _token_order_model(p, block_ids, tokens_per_tile)
+        assert torch.equal(order, want)
+        t = len(p.pos)
+        for h in range(p.hkv):  # every token once; T marks the last tile's empty places
+            assert sorted(order[h][order[h] < t].tolist()) == list(range(t))
+        assert not torch.equal(order[0, :t], torch.arange(t, dtype=torch.int32))  # it does regroup
+        _check_plan(p, block_ids, tokens_per_tile, order)
+
+    def test_token_order_arguments_are_checked():
+        """``plan_tiles`` refuses an order of the wrong shape, and ``group_tokens`` a tile that does not divide its
+        window; no token, no order."""
+        p = make_problem(45, [300], [120], num_kv_heads=2)
+        ids = random_block_ids(p, seed=1)
+        with pytest.raises(ValueError, match="order: expected contiguous int32"):
+            triton_prefill.plan_tiles(ids, p.block_table, p.req, p.pos, 8, torch.zeros(2, 64, dtype=torch.int32))
+        with pytest.raises(ValueError, match="must divide the 64-token window"):
+            triton_prefill.group_tokens(ids, p.block_table, p.req, p.pos, 24)
+        empty = triton_prefill.group_tokens(ids[:, :0], p.block_table, p.req[:0], p.pos[:0], 8)
+        assert empty.shape == (2, 0)
 
     @pytest.mark.parametrize("heads, kv_heads, splits", [(16, 2, 1), (16, 1, 4), (16, 2, 16), (8, 1, 2)])
     def test_decode_matches_reference(heads, kv_heads, splits):

@@ -34,6 +34,11 @@ fp8 key tiles for the proxy indexer's Gluon scores, which the caller passes to i
 way. ``NVFP4_SPARSE_PREDECODE=auto`` (the default) lets the plan decide, ``off`` never predecodes; read when a plan
 is made.
 
+Token groups (Gluon prefill only, :func:`.triton_prefill.group_tokens`): with ``NVFP4_SPARSE_TOKEN_GROUPS=auto``
+(the default), a plan of at least ``GROUP_MIN_TOKENS`` query tokens that select alone (``selection_run`` 1) has each
+layer's tiles take tokens whose selections overlap, within windows of 64 tokens, instead of consecutive ones: fewer
+union pages per tile, the same output bits. ``off`` keeps consecutive tiles; read when a plan is made.
+
 ``NVFP4_SPARSE_KERNEL=reference|triton|gluon|flydsl`` forces an implementation on any device; it is read
 when a plan or a cache writer is made (the SGLang backend plans every forward, and once per captured
 batch size for decode CUDA graphs; the pool makes its writer at start-up) and by each one-call
@@ -81,6 +86,8 @@ __all__ = [
     "IMPLEMENTATIONS",
     "PREDECODE_ENV",
     "predecode_setting",
+    "TOKEN_GROUPS_ENV",
+    "token_groups_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -95,16 +102,31 @@ _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 PREDECODE_ENV = "NVFP4_SPARSE_PREDECODE"
-PREDECODE_SETTINGS = ("auto", "off")
+PREDECODE_SETTINGS = ("auto", "off")  # the first is the default
+TOKEN_GROUPS_ENV = "NVFP4_SPARSE_TOKEN_GROUPS"
+TOKEN_GROUPS_SETTINGS = ("auto", "off")
+# Fewest query tokens a forward regroups: 16 windows. Below, its attention takes tens of microseconds and the
+# regrouping launch's few would be a visible share (a choice, not measured).
+GROUP_MIN_TOKENS = 1024
+
+
+def _choice(name: str, choices: tuple[str, ...], env) -> str:
+    value = (os.environ if env is None else env).get(name, "").strip() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
 
 
 def predecode_setting(env=None) -> str:
     """``NVFP4_SPARSE_PREDECODE`` (``auto`` when unset): ``auto`` or ``off``; ``ValueError`` for another value.
     ``env`` defaults to ``os.environ``."""
-    value = (os.environ if env is None else env).get(PREDECODE_ENV, "").strip() or "auto"
-    if value not in PREDECODE_SETTINGS:
-        raise ValueError(f"{PREDECODE_ENV}={value!r}: expected one of {', '.join(PREDECODE_SETTINGS)}")
-    return value
+    return _choice(PREDECODE_ENV, PREDECODE_SETTINGS, env)
+
+
+def token_groups_setting(env=None) -> str:
+    """``NVFP4_SPARSE_TOKEN_GROUPS`` (``auto`` when unset): ``auto`` or ``off``; ``ValueError`` for another value.
+    ``env`` defaults to ``os.environ``."""
+    return _choice(TOKEN_GROUPS_ENV, TOKEN_GROUPS_SETTINGS, env)
 
 
 def forced_implementation(env=None) -> str | None:
@@ -193,7 +215,8 @@ class AttentionPlan:
 
     Built by :func:`plan_attention`; attributes ``kind``, ``implementation``, ``block_table``, ``req``,
     ``pos``, ``num_tokens``, ``num_kv_heads``, ``predecodes`` (whether the layers its kernel serves are
-    predecoded, :meth:`predecode`)."""
+    predecoded, :meth:`predecode`), ``groups_tokens`` (whether those layers' tiles take regrouped tokens,
+    :func:`.gluon_prefill.group_tokens`)."""
 
     def __init__(self, kind: str, implementation: str, block_table: torch.Tensor, req: torch.Tensor,
                  pos: torch.Tensor, num_kv_heads: int, key_tiles: bool = False, selection_run: int = 1):
@@ -215,6 +238,9 @@ class AttentionPlan:
             from . import triton_predecode
 
             self.predecodes = triton_predecode.pays(self.num_tokens, block_table, selection_run)
+        # Tokens that share their selection already share their tiles' pages: nothing to regroup.
+        self.groups_tokens = ((implementation, kind) == ("gluon", "prefill") and selection_run == 1
+                              and self.num_tokens >= GROUP_MIN_TOKENS and token_groups_setting() == "auto")
         self._key_tiles = key_tiles
         self._predecoded = None  # the forward's tiles (triton_predecode.Predecoded), once allocated
         self._predecoded_cache = None  # the layer cache they hold
@@ -270,8 +296,11 @@ class AttentionPlan:
         launch, options = self._launch, {}
         if self._supports is not None and not self._supports(h, hkv, width):
             launch = self._fallback
-        elif self.predecodes:
-            options = {"predecoded": self._tiles_holding(cache)}
+        else:
+            if self.predecodes:
+                options["predecoded"] = self._tiles_holding(cache)
+            if self.groups_tokens:
+                options["token_groups"] = True
         if launch is _reference_launch:
             return launch(q, cache, block_ids, self.block_table, self.req, self.pos, k_scale, v_scale, sm_scale, out)
         q_in = q if q.stride(-1) == 1 else q.contiguous()

@@ -5,8 +5,8 @@ Why a second prefill kernel. The Triton kernel decodes each page it visits in th
 the tensor-core products and the softmax, so decoding (CUDA cores) and wgmma (tensor cores) take turns
 and the kernel is bound by issued instructions (``bench/results/kernels_h200.md``). Plain Triton 3.6
 cannot split those roles between warps; Gluon (``triton.experimental.gluon``) can. One program (CTA)
-serves a tile of ``2 * TOKENS`` consecutive tokens x the query heads of one KV head, in three
-partitions:
+serves a tile of ``2 * TOKENS`` tokens x the query heads of one KV head, in three partitions. A tile's tokens are
+consecutive, or with a token order (:func:`group_tokens`) tokens of a 64-token window whose selections overlap:
 
 * **producer** (worker, ``PRODUCER_WARPS`` warps with few registers): for each entry of the tile's union (built by
   :func:`.triton_prefill.plan_tiles`: pages in ``(block, page)`` order with a member bitmask) it reads
@@ -246,7 +246,18 @@ def _live_keys(members, block, tile_token, tile_pos):
 
 
 @gluon.jit
-def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH: gl.constexpr):
+def _tile_tokens(order_ptr, kv_head, tile, tile_token, num_tiles, TILE_T: gl.constexpr, ORDERED: gl.constexpr):
+    """The tokens at places ``tile_token`` of ``tile``: consecutive, or with ``ORDERED`` those of the token order
+    (:func:`.triton_prefill.group_tokens`, ``[Hkv, num_tiles * TILE_T]``; ``T`` at a place without a token)."""
+    place = tile * TILE_T + tile_token
+    if ORDERED:
+        return gl.load(order_ptr + kv_head.to(gl.int64) * num_tiles * TILE_T + place)
+    return place
+
+
+@gluon.jit
+def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH: gl.constexpr,
+              ORDERED: gl.constexpr):
     """Decodes the K and V^T tiles of every union page into the ring (its warps share each page's words).
 
     The loads run one step ahead of the decoding: a fence (``fence_async_shared``, before each hand-off) waits
@@ -254,7 +265,7 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     other half of the page decodes: the next entry and its K while this page's V^T decodes, the next V^T while
     the next K decodes. The entries themselves come from a copy of the tile's plan in shared memory
     (:func:`_stage_plan`), so no page's loads wait for its page number to arrive from global memory."""
-    cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr = ptrs
+    cache_ptr, pos_ptr, order_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr = ptrs
     k_bufs, v_bufs, k_ready, v_ready, empty, plan_smem = bufs
     T, num_tiles = sizes
     tile = num_tiles - 1 - gl.program_id(0)
@@ -262,7 +273,7 @@ def _producer(ptrs, bufs, sizes, HKV: gl.constexpr, TILE_T: gl.constexpr, WIDTH:
     WARPS: gl.constexpr = gl.num_warps()
     token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     tile_token = gl.arange(0, TILE_T, layout=token_layout)
-    token = tile * TILE_T + tile_token
+    token = _tile_tokens(order_ptr, kv_head, tile, tile_token, num_tiles, TILE_T, ORDERED)
     tile_pos = gl.load(pos_ptr + token, mask=token < T, other=-1)
     plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
     union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
@@ -320,9 +331,10 @@ def _tile_producer(tiles_desc, ptrs, bufs, sizes, HKV: gl.constexpr, WIDTH: gl.c
 
 @gluon.jit
 def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr,
-              WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr):
-    """Consumer ``half`` (0 or 1): tokens ``half * TOKENS ..`` of the tile, 64 rows, one warpgroup."""
-    q_ptr, out_ptr, pos_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr = ptrs
+              WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
+              ORDERED: gl.constexpr):
+    """Consumer ``half`` (0 or 1): the tile's tokens at places ``half * TOKENS ..``, 64 rows, one warpgroup."""
+    q_ptr, out_ptr, pos_ptr, order_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr = ptrs
     q_smem, k_bufs, v_bufs, k_ready, v_ready, empty = bufs
     k_scale, v_scale, sm_scale, T, num_tiles, stride_qt, stride_qh, stride_ot, stride_oh = scalars
     tile = num_tiles - 1 - gl.program_id(0)
@@ -335,7 +347,8 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
 
     # Q of this consumer's tokens, fp16, into shared memory (wgmma's A operand).
     q_rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
-    q_token = tile * (2 * TOKENS) + half * TOKENS + q_rows // GROUP_POW2
+    q_token = _tile_tokens(order_ptr, kv_head, tile, half * TOKENS + q_rows // GROUP_POW2, num_tiles, 2 * TOKENS,
+                           ORDERED)
     q_live = (q_token < T) & (q_rows % GROUP_POW2 < GROUP)
     q_head = kv_head * GROUP + q_rows % GROUP_POW2
     q_dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
@@ -344,8 +357,8 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
     fence_async_shared()
 
     rows = gl.arange(0, ROWS, layout=rows_layout)
-    row_token = half * TOKENS + rows // GROUP_POW2  # token of the tile
-    token = tile * (2 * TOKENS) + row_token
+    token = _tile_tokens(order_ptr, kv_head, tile, half * TOKENS + rows // GROUP_POW2, num_tiles, 2 * TOKENS,
+                         ORDERED)
     live = (token < T) & (rows % GROUP_POW2 < GROUP)
     pos = gl.load(pos_ptr + token, mask=live, other=-1)
     logit_scale = sm_scale * LOG2E * TILE_SCALE * global_scale(k_scale, K_SCALE_BY_POINTER)
@@ -395,14 +408,17 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
 
 @gluon.jit
 def _consumer_worker(ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr,
-                     WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr):
+                     WIDTH: gl.constexpr, K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
+                     ORDERED: gl.constexpr):
     """The second consumer, as a worker partition (the first is the default partition)."""
-    _consumer(1, ptrs, bufs, scalars, GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)
+    _consumer(1, ptrs, bufs, scalars, GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER,
+              ORDERED)
 
 
 @gluon.jit
 def _ws_prefill_kernel(
     q_ptr, out_ptr, cache_ptr, pos_ptr,  # [T, H, 128], [T, H, 128], uint8 cache, int32 [T]
+    order_ptr,  # with ORDERED, int32 [Hkv, tiles * 2 * TOKENS]: the tiles' tokens (triton_prefill.group_tokens)
     tiles_desc,  # predecoded mode: TMA descriptor of the tiles, [slots * Hkv * 256, 128] fp16; else None
     plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr,
     k_scale, v_scale, sm_scale,
@@ -410,7 +426,7 @@ def _ws_prefill_kernel(
     HKV: gl.constexpr, GROUP: gl.constexpr, GROUP_POW2: gl.constexpr, TOKENS: gl.constexpr, WIDTH: gl.constexpr,
     K_SCALE_BY_POINTER: gl.constexpr, V_SCALE_BY_POINTER: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    PREDECODED: gl.constexpr, RING_SLOTS: gl.constexpr,
+    PREDECODED: gl.constexpr, RING_SLOTS: gl.constexpr, ORDERED: gl.constexpr,
 ):
     num_tiles = gl.num_programs(0)
     tile_layout: gl.constexpr = TILE_LAYOUT
@@ -428,15 +444,15 @@ def _ws_prefill_kernel(
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
 
     rings = (k_bufs, v_bufs, k_ready, v_ready, empty)
-    consumer_ptrs = (q_ptr, out_ptr, pos_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr)
+    consumer_ptrs = (q_ptr, out_ptr, pos_ptr, order_ptr, plan_len_ptr, plan_block_ptr, plan_members_ptr)
     scalars = (k_scale, v_scale, sm_scale, T, num_tiles, stride_qt, stride_qh, stride_ot, stride_oh)
     # (The partitions are listed in each call: a function cannot be a value in Gluon.)
     if PREDECODED:
         gl.warp_specialize([
             (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
-                         GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+                         GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER, ORDERED)),
             (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
-                                GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+                                GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER, ORDERED)),
             (_tile_producer, (tiles_desc, (plan_len_ptr, plan_page_ptr), rings, (T, num_tiles), HKV, WIDTH)),
         ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -445,18 +461,25 @@ def _ws_prefill_kernel(
                      gl.allocate_shared_memory(gl.int32, [WIDTH, 1], PLAN_LAYOUT))
         gl.warp_specialize([
             (_consumer, (0, consumer_ptrs, (q0_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
-                         GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
+                         GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER, ORDERED)),
             (_consumer_worker, (consumer_ptrs, (q1_smem, k_bufs, v_bufs, k_ready, v_ready, empty), scalars,
-                                GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER)),
-            (_producer, ((cache_ptr, pos_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr, plan_members_ptr),
-                         rings + (plan_smem,), (T, num_tiles), HKV, 2 * TOKENS, WIDTH)),
+                                GROUP, GROUP_POW2, TOKENS, WIDTH, K_SCALE_BY_POINTER, V_SCALE_BY_POINTER, ORDERED)),
+            (_producer, ((cache_ptr, pos_ptr, order_ptr, plan_len_ptr, plan_page_ptr, plan_block_ptr,
+                          plan_members_ptr), rings + (plan_smem,), (T, num_tiles), HKV, 2 * TOKENS, WIDTH, ORDERED)),
         ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def plan(block_ids, block_table, req, pos, group: int):
-    """The union plan of this kernel's tiles (``2 * tokens_per_consumer(group)`` tokens): ``(union_len, plan)``
-    as returned by :func:`.triton_prefill.plan_tiles`."""
-    return triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens_per_consumer(group))
+def plan(block_ids, block_table, req, pos, group: int, order: torch.Tensor | None = None):
+    """The union plan of this kernel's tiles (``2 * tokens_per_consumer(group)`` tokens, consecutive or as in
+    ``order``, :func:`group_tokens`): ``(union_len, plan)`` as returned by :func:`.triton_prefill.plan_tiles`."""
+    return triton_prefill.plan_tiles(block_ids, block_table, req, pos, 2 * tokens_per_consumer(group), order)
+
+
+def group_tokens(block_ids, block_table, req, pos, group: int) -> torch.Tensor:
+    """The token order of this kernel's tiles that :func:`.triton_prefill.group_tokens` picks: tiles of tokens whose
+    selections overlap, so fewer union pages per tile, the same output bits as consecutive tiles. Returns int32
+    ``[Hkv, tiles * 2 * tokens_per_consumer(group)]`` (``T`` at a place without a token)."""
+    return triton_prefill.group_tokens(block_ids, block_table, req, pos, 2 * tokens_per_consumer(group))
 
 
 # Predecoded mode (:mod:`.triton_predecode`): a producer warpgroup (one thread issues the TMA copies; Gluon would pad
@@ -483,12 +506,12 @@ def tiles_descriptor(tiles: torch.Tensor) -> TensorDescriptor:
 
 
 def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warps: int | None = None,
-        tiles: torch.Tensor | None = None):
-    """The kernel over a :func:`plan` (``tile_plan``); ``q`` ``[T, H, 128]``, ``out`` like it, ``pos`` int32
-    ``[T]``; ``producer_warps``: 4 or 8 (``REGISTER_PLANS``; default ``PRODUCER_WARPS``; either gives the same
-    output). With ``tiles`` (predecoded, :mod:`.triton_predecode`; the plan made over their slot table) the
-    producer copies tiles instead of decoding pages (``producer_warps`` is then ignored): the same output bits.
-    Returns ``out``."""
+        tiles: torch.Tensor | None = None, order: torch.Tensor | None = None):
+    """The kernel over a :func:`plan` (``tile_plan``, made with the same ``order``); ``q`` ``[T, H, 128]``, ``out``
+    like it, ``pos`` int32 ``[T]``; ``producer_warps``: 4 or 8 (``REGISTER_PLANS``; default ``PRODUCER_WARPS``;
+    either gives the same output). With ``tiles`` (predecoded, :mod:`.triton_predecode`; the plan made over their
+    slot table) the producer copies tiles instead of decoding pages (``producer_warps`` is then ignored): the same
+    output bits. Returns ``out``."""
     if tiles is not None:
         producer_warps, (max_regs, consumer_regs, producer_regs) = TILE_COPY_WARPS, TILE_COPY_REGISTER_PLAN
     else:
@@ -501,7 +524,7 @@ def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warp
     group = h // hkv
     union_len, entries = tile_plan
     _ws_prefill_kernel[(union_len.shape[1], hkv)](
-        q, out, cache, pos.contiguous(), None if tiles is None else tiles_descriptor(tiles),
+        q, out, cache, pos.contiguous(), order, None if tiles is None else tiles_descriptor(tiles),
         union_len, entries[0], entries[1], entries[2],
         k_scale, v_scale, float(sm_scale),
         t, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -509,24 +532,25 @@ def run(q, cache, pos, tile_plan, k_scale, v_scale, sm_scale, out, producer_warp
         WIDTH=entries.shape[3],
         K_SCALE_BY_POINTER=isinstance(k_scale, torch.Tensor), V_SCALE_BY_POINTER=isinstance(v_scale, torch.Tensor),
         PRODUCER_WARPS=producer_warps, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
-        PREDECODED=tiles is not None, RING_SLOTS=ring_slots(tiles is not None),
+        PREDECODED=tiles is not None, RING_SLOTS=ring_slots(tiles is not None), ORDERED=order is not None,
         num_warps=4, maxnreg=max_regs,
     )
     return out
 
 
 def launch(q, cache, block_ids, block_table, req, pos, k_scale, v_scale, sm_scale, out,
-           producer_warps: int | None = None, predecoded: triton_predecode.Predecoded | None = None):
+           producer_warps: int | None = None, predecoded: triton_predecode.Predecoded | None = None,
+           token_groups: bool = False):
     """Sparse prefill on a Hopper GPU (:func:`sglang_nvfp4.kernels.sparse_prefill`); arguments as
     validated by the dispatcher and as in :func:`.triton_prefill.launch`, the layer within
     :func:`supports`; ``producer_warps`` as in :func:`run`. With ``predecoded`` (the forward's
     :func:`.triton_predecode.prepare` over the same metadata, its tiles holding this layer's pages:
-    :func:`.triton_predecode.launch`) the kernel copies the tiles: the same output bits. Returns ``out``."""
+    :func:`.triton_predecode.launch`) the kernel copies the tiles; with ``token_groups`` its tiles take the tokens
+    :func:`group_tokens` picks. Either way the same output bits. Returns ``out``."""
     if q.shape[0] == 0:
         return out
     group = q.shape[1] // (cache.shape[1] // 2)
-    if predecoded is None:
-        return run(q, cache, pos, plan(block_ids, block_table, req, pos, group), k_scale, v_scale, sm_scale, out,
-                   producer_warps)
-    return run(q, cache, pos, plan(block_ids, predecoded.slot_table, req, pos, group), k_scale, v_scale, sm_scale,
-               out, tiles=predecoded.tiles)
+    table, tiles = (block_table, None) if predecoded is None else (predecoded.slot_table, predecoded.tiles)
+    order = group_tokens(block_ids, table, req, pos, group) if token_groups else None
+    return run(q, cache, pos, plan(block_ids, table, req, pos, group, order), k_scale, v_scale, sm_scale, out,
+               producer_warps, tiles=tiles, order=order)

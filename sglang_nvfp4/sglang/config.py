@@ -36,6 +36,10 @@ variable                            default  meaning
 ``NVFP4_SPARSE_PREDECODE``          auto     ``auto``: a long Gluon prefill predecodes each layer's pages once
                                              (:mod:`sglang_nvfp4.kernels.triton_predecode`; same bits);
                                              ``off``: never
+``NVFP4_SPARSE_TOKEN_GROUPS``       auto     ``auto``: a Gluon prefill of 1024 or more tokens that select alone
+                                             gives its tiles tokens whose selections overlap
+                                             (:func:`sglang_nvfp4.kernels.triton_prefill.group_tokens`; same
+                                             bits); ``off``: consecutive tokens
 ==================================  =======  ==========================================================
 
 The defaults (top-16, ``proxy``, every head) are the cheapest setting measured that keeps the trained retrieval
@@ -230,6 +234,7 @@ def load_config(env=None) -> SparseConfig:
         raise ValueError(f"{_PREFIX}INDEX_KEYS={index_keys!r}: expected one of {tuple(INDEX_KEY_STORAGE)}")
     kernels.forced_implementation(env)  # a bad NVFP4_SPARSE_KERNEL fails here, not at the first forward
     kernels.predecode_setting(env)  # and a bad NVFP4_SPARSE_PREDECODE
+    kernels.token_groups_setting(env)  # or NVFP4_SPARSE_TOKEN_GROUPS
     explicit = frozenset(name for name in _SELECTION_VARIABLES if env.get(_PREFIX + name))
     # PROXY_SHARE=1: every token selects alone, and scores every token ("max" of one)
     share_score = share_score or (DEFAULT_PROXY_SHARE_SCORE if share > 1 else "max")
