@@ -9,8 +9,9 @@ Prefill: one request of T tokens, T in {8K, 32K, 64K, 128K}, (H, Hkv) in {(64, 4
 (``--topk``, default 16). Selection patterns: "random" (per token and KV head, the own block plus K - 1
 distinct random earlier blocks: the worst case for a tile's union), "shared8" (one random selection per run
 of 8 tokens) and "indexer" (``sglang_nvfp4.indexer.select_blocks`` on the benchmark's random data, when that
-module imports). ``ours_ms`` is the dispatcher's choice (``implementation``); on Hopper both prefill
-kernels are timed too, ``triton_ms`` (``triton_prefill``) and ``gluon_ms`` (``gluon_prefill``, warp
+module imports). ``ours_ms`` is the dispatcher's choice (``implementation``), planned as the SGLang backend plans
+it (``selection_run`` 8 for "shared8", so only per-token patterns get token groups, ``token_groups``); on Hopper
+both prefill kernels are timed too, ``triton_ms`` (``triton_prefill``) and ``gluon_ms`` (``gluon_prefill``, warp
 specialized), with the relative difference of their outputs (``gluon_vs_triton_rel_diff``), and the Gluon
 prefill's parts: ``gluon_planner_ms`` (the union planner alone), ``gluon_kernel_ms`` (the kernel over a ready plan)
 and ``gluon_producer_only_ms`` (the kernel over the same plan with every member mask cleared: every page decoded,
@@ -76,6 +77,7 @@ from sglang_nvfp4.kernels.triton_common import (
 PREFILL_T = (32768, 8192, 65536, 131072)  # the swept and target size first: results are saved as they come
 PREFILL_HEADS = ((64, 4), (16, 1))
 PATTERNS = ("random", "shared8", "indexer")
+SELECTION_RUNS = {"shared8": 8}  # tokens per shared selection, as the plan is told (the others: 1, per token)
 SHARED_RUN = 8
 INDEXER_MAX_T = 65536  # the indexer pattern is measured up to this length (device-time budget)
 DECODE_BATCH = (1, 32, 256)
@@ -238,12 +240,13 @@ def dense_causal_ms(q, k_dense, v_dense):
 # ----------------------------------------------------------------------------------------------
 
 
-def prefill_kernels_case(row, args, out, flop):
-    """On Hopper, time both prefill kernels on one problem (each after an untimed call) and compare outputs."""
+def prefill_kernels_case(row, args, out, flop, plan):
+    """On Hopper, time both prefill kernels on one problem (each after an untimed call) and compare outputs;
+    ``plan``: the dispatcher's, which ``ours_ms`` ran."""
     q, cache, block_ids, block_table, req, pos = args[:6]
-    plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=cache.shape[1] // 2)
     row["implementation"] = plan.implementation
     row["predecoded"] = plan.predecodes  # whether ours_ms (the dispatcher) predecoded
+    row["token_groups"] = plan.groups_tokens  # and regrouped its tiles' tokens
     if plan.implementation != "gluon":
         return
     from sglang_nvfp4.kernels import gluon_prefill
@@ -313,11 +316,20 @@ def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep, topk=fmt.TOPK):
     cfg = triton_prefill.default_prefill_config(heads // hkv)
     union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, cfg.tokens_per_tile)
     row.update(config=list(cfg), union_mean=union_len.float().mean().item(), union_max=int(union_len.max()))
-    kernels.sparse_prefill(*args, out=out)  # untimed: compile
-    row["ours_ms"] = bench_ms(lambda: kernels.sparse_prefill(*args, out=out))
+    # The dispatcher as the SGLang backend plans it: runs of tokens that share a selection say so (selection_run),
+    # which decides predecoding and token groups.
+    plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=hkv,
+                                  selection_run=SELECTION_RUNS.get(pattern, 1))
+    row["selection_run"] = SELECTION_RUNS.get(pattern, 1)
+
+    def ours():
+        return plan.run(q, cache, block_ids, 1.0, 1.0, fmt.HEAD_DIM**-0.5, out=out)
+
+    ours()  # untimed: compile
+    row["ours_ms"] = bench_ms(ours)
     row["ours_TFps"] = flop / row["ours_ms"] / 1e9
-    prefill_kernels_case(row, args, out, flop)
-    kernels.sparse_prefill(*args, out=out)  # the dispatcher's output for the peers' comparison
+    prefill_kernels_case(row, args, out, flop, plan)
+    ours()  # the dispatcher's output for the peers' comparison
     if sweep:
         row["sweep"] = []
         for c in triton_prefill.PREFILL_CONFIGS:

@@ -12,12 +12,12 @@ per 4-token tile) are the pessimistic case; the time of each setting still count
 Prefill, one request of T tokens, (H, Hkv) in {(64, 4), (16, 1)}: per setting, ``select_ms`` (the indexer's
 selection: for quest the Triton scoring of the page summaries, which the cache write keeps up to date and
 which are built here once, untimed; for proxy the Triton scoring of every visible NVFP4 key) and
-``attention_ms`` (``kernels.sparse_prefill`` with that selection), ``total_ms``, ``union_mean``, and
-``vs_quest16`` (total over top-16 quest, the default until 2026-12-01); fp8 rows add ``same_as_fp16``, the
-fraction of (KV head, token) block sets equal to the fp16 proxy's. One more row, ``indexer`` ``every_block``
-(``topk`` null), is what a ``NVFP4_SPARSE_DENSE_LAYERS`` layer costs: every visible block through the same
-kernels (``select_ms``: building that selection, which the backend does once per forward). Peer in the same
-run: dense causal SDPA over bf16 K/V (``dense_sdpa_ms``).
+``attention_ms`` (the dispatcher's plan with that selection, told a proxy's shared runs, as the backend tells it),
+``total_ms``, ``union_mean``, and ``vs_quest16`` (total over top-16 quest, the default until 2026-12-01); fp8 rows
+add ``same_as_fp16``, the fraction of (KV head, token) block sets equal to the fp16 proxy's. One more row,
+``indexer`` ``every_block`` (``topk`` null), is what a ``NVFP4_SPARSE_DENSE_LAYERS`` layer costs: every visible block
+through the same kernels (``select_ms``: building that selection, which the backend does once per forward). Peer in
+the same run: dense causal SDPA over bf16 K/V (``dense_sdpa_ms``).
 
 Decode, batch x 32K context, 64/4 heads, one query at each request's last position: the same settings timed
 as CUDA-graph replays (``select_ms``, ``attention_ms``).
@@ -92,13 +92,18 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SE
     for indexer, topk in settings:
         select = selector(indexer, topk, cache, slots)
         block_ids = select(q, block_table, req, pos)  # untimed first call: compile
-        args = (q, cache, block_ids, block_table, req, pos, 1.0, 1.0, fmt.HEAD_DIM**-0.5)
-        kernels.sparse_prefill(*args, out=out)
+        # The attention planned as the SGLang backend plans it: a proxy's shared runs say so (selection_run).
+        run = proxy_setting(indexer)[2] if indexer.startswith("proxy") else 1
+        plan = kernels.plan_attention("prefill", block_table, req, pos, num_kv_heads=hkv, selection_run=run)
+
+        def attend():
+            return plan.run(q, cache, block_ids, 1.0, 1.0, fmt.HEAD_DIM**-0.5, out=out)
+
+        attend()
         union_len, _ = triton_prefill.plan_tiles(block_ids, block_table, req, pos, tile)
         row = {"T": t, "H": heads, "Hkv": hkv, "indexer": indexer, "topk": topk,
                "select_ms": bench_ms(lambda: select(q, block_table, req, pos)),
-               "attention_ms": bench_ms(lambda: kernels.sparse_prefill(*args, out=out)),
-               "union_mean": union_len.float().mean().item()}
+               "attention_ms": bench_ms(attend), "union_mean": union_len.float().mean().item()}
         if indexer.endswith("/fp8"):
             fp16_ids = selector(indexer.removesuffix("/fp8"), topk, cache, slots)(q, block_table, req, pos)
             row["same_as_fp16"] = (fp16_ids == block_ids).all(-1).float().mean().item()
@@ -107,7 +112,7 @@ def prefill_rows(t: int, heads: int, hkv: int, gen: torch.Generator, settings=SE
         rows.append(row)
         log(f"prefill T={t} {heads}/{hkv} {indexer} top{topk}: select {row['select_ms']:.2f} ms, "
             f"attention {row['attention_ms']:.2f} ms, union {row['union_mean']:.1f}")
-        del block_ids, args
+        del block_ids, plan
     base = _quest16_total(rows)
     k_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
     v_dense = torch.randn(t, hkv, fmt.HEAD_DIM, device=DEV, generator=gen).bfloat16()
