@@ -96,9 +96,11 @@ def main(argv=None):
         if suffix not in ("", "groups"):
             raise SystemExit(f"--variants {v}: the only suffix is +groups")
         mode = (0, 0) if base == PREDECODED else tuple(int(x) for x in base.split(":"))
-        runs = ((mode != (0, 0) and (mode[0] == 1 or has_clusters)) or (mode == (0, 0) and has_predecoded)) \
-            and (not suffix or has_groups)
-        (variants if runs else skipped).append(mode + (suffix == "groups",) if runs else v)
+        has_mode = has_predecoded if mode == (0, 0) else mode[0] == 1 or has_clusters
+        if has_mode and (not suffix or has_groups):
+            variants.append(mode + (suffix == "groups",))
+        else:
+            skipped.append(v)
     if skipped:
         print(f"{package_file}: variants {skipped} not run (no such mode)", flush=True)
     dev = args.device

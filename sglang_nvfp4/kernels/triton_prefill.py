@@ -98,9 +98,10 @@ def _same_class_members(a_key, a_members, b_key, b_members):
 
 
 @triton.jit
-def _tile_token(order_ptr, kv_head, tile, tile_token, num_tiles, BLOCK_T: tl.constexpr, ORDERED: tl.constexpr):
-    """The token at place ``tile_token`` of ``tile`` (KV head ``kv_head``): ``tile * BLOCK_T + tile_token``, or with
-    ``ORDERED`` that place of the token order (:func:`group_tokens`, ``[Hkv, num_tiles * BLOCK_T]``)."""
+def _tile_tokens(order_ptr, kv_head, tile, tile_token, num_tiles, BLOCK_T: tl.constexpr, ORDERED: tl.constexpr):
+    """The tokens at places ``tile_token`` of ``tile`` (KV head ``kv_head``): ``tile * BLOCK_T + tile_token``, or
+    with ``ORDERED`` those places of the token order (:func:`group_tokens`, ``[Hkv, num_tiles * BLOCK_T]``; the
+    Gluon prefill's twin: ``gluon_prefill._tile_tokens``)."""
     place = tile * BLOCK_T + tile_token
     if ORDERED:
         return tl.load(order_ptr + kv_head.to(tl.int64) * num_tiles * BLOCK_T + place)
@@ -120,7 +121,7 @@ def _plan_tiles_kernel(
     num_tiles = tl.num_programs(0)
     WIDTH: tl.constexpr = BLOCK_T * K_POW2
     entry = tl.arange(0, WIDTH)
-    token = _tile_token(order_ptr, kv_head, tile, entry // K_POW2, num_tiles, BLOCK_T, ORDERED)
+    token = _tile_tokens(order_ptr, kv_head, tile, entry // K_POW2, num_tiles, BLOCK_T, ORDERED)
     block, page, selected = _token_entries(block_ids_ptr, block_table_ptr, req_ptr, pos_ptr, kv_head, token,
                                            entry % K_POW2, T, K, stride_ih, stride_it, stride_ik, stride_br, stride_bs)
     # One sort puts the tile's entries in (block, page) order, each class's entries together: the key is
