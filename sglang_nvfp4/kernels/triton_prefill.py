@@ -291,6 +291,15 @@ def plan_tiles(block_ids, block_table, req, pos, tokens_per_tile: int, order=Non
 GROUP_WINDOW = 64  # consecutive tokens group_tokens regroups together
 
 
+def group_warps(width: int) -> int:
+    """Warps of a :func:`group_tokens` program for ``width`` ids per token. Its 64 greedy steps run one after the
+    other, each with reductions over the window: up to 16 ids per token one warp does them with shuffles alone (no
+    spills up to 128 bitset words, Triton 3.6, sm_90). On one H100 that halved the regrouping's time at 32K, 64/4:
+    0.47 -> 0.24 ms (``bench/results/consumer_overlap_h100.md``). Wider selections keep 8 warps, so that the
+    window's ids fit their registers; one warp was not measured there."""
+    return 1 if width <= 16 else 8
+
+
 def group_tokens(block_ids, block_table, req, pos, tokens_per_tile: int) -> torch.Tensor:
     """Regroups the tokens of each window of ``GROUP_WINDOW`` consecutive tokens into tiles of ``tokens_per_tile``
     whose selections overlap, per KV head, so that :func:`plan_tiles` visits fewer union pages per tile. Returns
@@ -318,7 +327,7 @@ def group_tokens(block_ids, block_table, req, pos, tokens_per_tile: int) -> torc
         block_ids, req.contiguous(), pos.contiguous(), order, t, width_k, places, *block_ids.stride(),
         BLOCK_T=tokens_per_tile, K_POW2=triton.next_power_of_2(width_k), WINDOW=GROUP_WINDOW,
         WORDS=triton.next_power_of_2(triton.cdiv(max(1, block_table.shape[1]), 64)),
-        num_warps=4 if width_k <= 16 else 8,
+        num_warps=group_warps(width_k),
     )
     return order
 
