@@ -293,10 +293,11 @@ GROUP_WINDOW = 64  # consecutive tokens group_tokens regroups together
 
 def group_warps(width: int) -> int:
     """Warps of a :func:`group_tokens` program for ``width`` ids per token. Its 64 greedy steps run one after the
-    other, each with reductions over the window: up to 16 ids per token one warp does them with shuffles alone (no
-    spills up to 128 bitset words, Triton 3.6, sm_90). On one H100 that halved the regrouping's time at 32K, 64/4:
-    0.47 -> 0.24 ms (``bench/results/consumer_overlap_h100.md``). Wider selections keep 8 warps, so that the
-    window's ids fit their registers; one warp was not measured there."""
+    other, each with reductions over the window: up to 16 ids per token one warp reduces within itself (no spills up
+    to 128 bitset words, Triton 3.6, sm_90). On one H100 that took the regrouping from 0.47 to 0.24 ms per 32K layer
+    at 64/4 and from 0.125 to 0.082 ms at 16/1 (``bench/results/consumer_overlap_h100.md``; measured before the
+    bit-63 fix of the union's bitset, the landed kernel's time not yet). Wider selections keep 8 warps, so that the
+    window's ids fit their registers (one warp spills about 1 KB at 32 ids)."""
     return 1 if width <= 16 else 8
 
 
@@ -312,10 +313,10 @@ def group_tokens(block_ids, block_table, req, pos, tokens_per_tile: int) -> torc
     them) whose block the tile's tokens so far lack, the earliest on ties. Blocks are compared within the request of
     the tile's first token: a token of another request counts all its ids (only windows across a request boundary
     have one; a prefix page two requests share is not seen as shared). On ``bench_prefill_variants.py``'s problems
-    (T = 32K, 64/4, top-16, one H100) the mean union of 8-token tiles went from 71.6 to 61.8 pages (per-token random)
-    and from 29.7 to 26.2 (quest indexer): ``bench/results/token_groups_h100.md``. A token's output does not depend on its tile-mates (module docstring), so
-    the order changes no output bit. ``block_table`` gives the block ids' range (its width); ``ValueError`` for a
-    tile size that does not divide the window."""
+    (T = 32K, 64/4, top-16, one H100) the mean union of 8-token tiles went from 71.6 to 61.7 pages (per-token random)
+    and from 29.7 to 26.1 (quest indexer): ``bench/results/consumer_overlap_h100.md``. A token's output does not
+    depend on its tile-mates (module docstring), so the order changes no output bit. ``block_table`` gives the block
+    ids' range (its width); ``ValueError`` for a tile size that does not divide the window."""
     hkv, t, width_k = block_ids.shape
     if not 1 <= tokens_per_tile <= GROUP_WINDOW or GROUP_WINDOW % tokens_per_tile:
         raise ValueError(f"tokens_per_tile={tokens_per_tile}: must divide the {GROUP_WINDOW}-token window")
