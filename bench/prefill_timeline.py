@@ -1,6 +1,7 @@
 """Where one CTA of the Gluon prefill spends its cycles, per union entry and partition, on one Hopper GPU.
 
     PYTHONPATH=TREE python bench/prefill_timeline.py --out FILE.json [--t 32768] [--ctas 1000:0 2000:0 3000:0]
+        [--predecoded] [--groups]
 
 ``TREE`` is a source tree built with ``bench/experiments/consumer_timeline_probe.patch``: its kernel stores
 ``%clock64`` (SM cycles) at fixed points of each union entry of one CTA (``gluon_prefill.TRACE_AT``: program id 0
@@ -10,7 +11,12 @@ and KV head) into ``gluon_prefill.TRACE`` (int64 ``[3, 256, 8]``: consumer 0, co
   softmax, 4 after the ``v_ready`` wait, 5 after ``O += P.V`` (then the ``empty`` arrival and the next entry's plan
   loads, until the next entry's point 0);
 * producer: 0 before the ``empty`` wait, 1 after it, 2 after the K hand-off, 3 after the V^T hand-off (then the next
-  page's V^T loads are issued and the next entry's live keys reduced, until the next entry's point 0).
+  page's V^T loads are issued and the next entry's live keys reduced, until the next entry's point 0); with
+  ``--predecoded`` (the pages decoded once into fp16 tiles, ``triton_predecode``, which the producer copies with the
+  TMA) 2 and 3 follow the issue of the K and V^T copies, which land later (the consumers' ``k_ready`` / ``v_ready``).
+
+``--groups`` gives the tiles regrouped tokens (``gluon_prefill.group_tokens``), as the dispatcher does for per-token
+selections.
 
 For each problem of ``bench_prefill_variants.py`` (64/4 random, shared8, indexer; 16/1 random) and each traced CTA
 (``--ctas PID:KV_HEAD``, default three CTAs away from the first and last waves), after an untimed launch of the same
@@ -36,6 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("--t", type=int, default=32768, help="tokens per problem")
     parser.add_argument("--ctas", nargs="+", default=["1000:0", "2000:0", "3000:0"],
                         help="PID:KV_HEAD of each traced CTA")
+    parser.add_argument("--predecoded", action="store_true", help="trace the predecoded mode (the producer copies)")
+    parser.add_argument("--groups", action="store_true", help="tiles of regrouped tokens (group_tokens)")
     args = parser.parse_args(argv)
     try:
         args.ctas = [tuple(int(x) for x in c.split(":")) for c in args.ctas]
@@ -81,15 +89,22 @@ def main(argv=None):
     from bench_prefill_variants import problems
     from bench_regression import HEAD_DIM
 
-    from sglang_nvfp4.kernels import gluon_prefill
+    from sglang_nvfp4.kernels import gluon_prefill, triton_predecode
 
     if not hasattr(gluon_prefill, "TRACE_AT"):
         raise SystemExit(f"{gluon_prefill.__file__}: not a tree with consumer_timeline_probe.patch")
     records = []
     for name, q, cache, ids, table, req, pos in problems(args.t, "cuda"):
         out = torch.empty_like(q)
-        group = q.shape[1] // (cache.shape[1] // 2)
-        union_len, tiles = gluon_prefill.plan(ids, table, req, pos, group)
+        hkv = cache.shape[1] // 2
+        group = q.shape[1] // hkv
+        predecoded = None
+        if args.predecoded:
+            predecoded = triton_predecode.prepare(table, req, pos, hkv)
+            triton_predecode.launch(cache, table, predecoded)
+        slots = table if predecoded is None else predecoded.slot_table
+        order = gluon_prefill.group_tokens(ids, slots, req, pos, group) if args.groups else None
+        union_len, tiles = gluon_prefill.plan(ids, slots, req, pos, group, order)
         for pid, kv in args.ctas:
             if pid >= union_len.shape[1] or kv >= union_len.shape[0]:
                 print(f"{name}: CTA {pid}:{kv} outside the grid {tuple(union_len.shape[::-1])}, skipped")
@@ -98,7 +113,8 @@ def main(argv=None):
             gluon_prefill.TRACE_AT = (pid, kv)
             for _ in range(2):  # the first launch compiles; the second is traced
                 gluon_prefill.TRACE.zero_()
-                gluon_prefill.run(q, cache, pos, (union_len, tiles), 1.0, 1.0, HEAD_DIM**-0.5, out)
+                gluon_prefill.run(q, cache, pos, (union_len, tiles), 1.0, 1.0, HEAD_DIM**-0.5, out,
+                                  tiles=None if predecoded is None else predecoded.tiles, order=order)
             torch.cuda.synchronize()
             stamps = gluon_prefill.TRACE.cpu()
             length = int(union_len[kv, union_len.shape[1] - 1 - pid])
@@ -112,7 +128,8 @@ def main(argv=None):
         json.dump({"command": "python bench/prefill_timeline.py " + " ".join(argv or []),
                    "tree": gluon_prefill.__file__,
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   "t": args.t, "gpu": torch.cuda.get_device_name(), "records": records}, f)
+                   "t": args.t, "predecoded": args.predecoded, "groups": args.groups,
+                   "gpu": torch.cuda.get_device_name(), "records": records}, f)
 
 
 if __name__ == "__main__":
