@@ -55,6 +55,7 @@ A workgroup has 4 waves; wave ``w`` owns keys ``[32w, 32w+32)`` of a page. In
 
 from __future__ import annotations
 
+import math
 import numbers
 import struct
 
@@ -134,13 +135,16 @@ def global_scale(scale, device=None, *, name: str = "global scale", as_tensor: b
     A real number becomes a ``float`` holding its fp32 rounding (the value the kernels compute with). A
     one-element floating tensor becomes fp32 of shape ``[1]`` on ``device`` (its own device when
     ``None``): kernels read such a scale through a pointer, which keeps CUDA graphs free of host syncs;
-    ``as_tensor`` makes a number such a tensor too. Anything else raises ``ValueError`` naming ``name``."""
+    ``as_tensor`` makes a number such a tensor too. A number must be positive and finite in fp32 (a tensor's value is
+    not checked: that would sync the host); anything else raises ``ValueError`` naming ``name``."""
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.dtype.is_floating_point:
             raise ValueError(f"{name}: expected a float or a one-element float tensor, got {scale.dtype} {tuple(scale.shape)}")
         return scale.detach().reshape(1).to(device=scale.device if device is None else device, dtype=torch.float32)
     if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
         value = struct.unpack("f", struct.pack("f", float(scale)))[0]  # fp32 rounding
+        if not (math.isfinite(value) and value > 0):  # the scales divide the values; the kernels' maxima assume > 0
+            raise ValueError(f"{name}: expected a positive finite fp32 scale, got {scale!r}")
         return torch.full((1,), value, dtype=torch.float32, device=device) if as_tensor else value
     raise ValueError(f"{name}: expected a float or a one-element float tensor, got {type(scale).__name__}")
 

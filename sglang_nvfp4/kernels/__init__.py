@@ -59,6 +59,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import math
 import os
 
 import torch
@@ -288,6 +289,11 @@ class AttentionPlan:
                              f"on {q.device}, cache {tuple(cache.shape)} on {cache.device}")
         _, h = check_queries(q, hkv)
         width = check_block_ids(block_ids, hkv, t, device)
+        if not (math.isfinite(sm_scale) and sm_scale > 0):  # the kernels take the row max of unscaled scores
+            raise ValueError(f"sm_scale: expected a positive finite number, got {sm_scale!r}")
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(scale, torch.Tensor):  # numbers: positive and finite; tensors: unchecked (no host sync)
+                fmt.global_scale(scale, name=name)
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
         elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
