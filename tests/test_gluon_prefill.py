@@ -94,6 +94,14 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     # remaining ones are the row reductions of the softmax, the consumers' first-position minimum and the
     # producer's live-key maximum.
     assert ptx.count("shfl.sync") < 40
+    _assert_one_fma_per_exponent(ptx)
+
+
+def _assert_one_fma_per_exponent(ptx: str):
+    """Each score's exponent is one multiply-add, ``s * logit_scale + (bias - max)``: no subtraction per score (with
+    the max subtracted from a rounded logit, each consumer's 64 scores per thread took 64 ``sub.f32``)."""
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) >= 2 * 64  # two consumers' 64 scores per thread
+    assert len(re.findall(r"\bsub(\.rn)?\.f32\b", ptx)) <= 16  # per-row terms only (main had 132)
 
 
 @pytest.mark.parametrize("predecoded", [False, True])
@@ -109,6 +117,7 @@ def test_token_order_compiles_for_hopper(predecoded):
     assert registers_and_stack(ordered)[1] <= registers_and_stack(plain)[1]  # no more stack (spills) than without
     # The order's loads: each consumer's Q rows and output rows, and in the fused mode the producer's positions.
     assert ptx.count("ld.global") > plain_ptx.count("ld.global")
+    _assert_one_fma_per_exponent(ptx)
 
 
 @pytest.mark.parametrize("words", [4, 16, 128])  # block-table widths up to 256, 1024 and 8192 blocks (1M keys)
@@ -153,6 +162,7 @@ def test_predecoded_mode_compiles_for_hopper(group, width, by_pointer):
     assert "cvt.rn.f16x2.e4m3x2" not in ptx and "ld.global.v2.b32" not in ptx  # no page decoding, no page loads
     assert ptx.count("wgmma.mma_async") == compile_sm90(group, width, by_pointer, 8).asm["ptx"].count("wgmma.mma_async")
     assert [m["block_size"] for m in compiled.metadata.tensordesc_meta] == [[fmt.PAGE_SIZE, 64]]
+    _assert_one_fma_per_exponent(ptx)
 
 
 def _producer_loop(sass: str) -> list[str]:

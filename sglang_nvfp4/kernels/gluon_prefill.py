@@ -25,10 +25,12 @@ consecutive, or with a token order (:func:`group_tokens`) tokens of a 64-token w
 A page decoded once serves both consumers, while each runs products only for its own tokens, and the
 warp scheduler overlaps one consumer's softmax with the other's wgmma and with the producer's decoding.
 
-Numerics are those of the Triton kernel: fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores
-and sums, exp2 softmax, ``P`` rounded to fp16 before ``P.V``. Batch invariance holds for the same reason:
-a row's own pages are visited in ascending block order whoever shares its tile, and pages it did not
-select change nothing. Keys no member token can see have their V scales zeroed by the producer (their
+Numerics are the Triton kernel's, fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2
+softmax, ``P`` rounded to fp16 before ``P.V``, but for one rounding: each exponent is one fused multiply-add,
+``s * logit_scale + (bias - max)``, where the Triton kernel rounds the logit before subtracting the max (64 fewer
+instructions per consumer thread and page). So the two kernels agree to rounding, not bit for bit. Batch invariance
+holds: a row's own pages are visited in ascending block order whoever shares its tile, and pages it did not select
+change nothing. Keys no member token can see have their V scales zeroed by the producer (their
 bytes may be E4M3 NaN codes) and their scores masked to ``-inf`` by the consumers.
 
 Scope (:func:`supports`): NVIDIA sm_90, 8 to 64 query heads per KV head (``GROUP_POW2 * TOKENS = 64``
@@ -61,7 +63,6 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
     global_scale,
-    fold_logits,
 )
 
 ROWS = gl.constexpr(64)  # rows (tokens x query heads) per consumer: one warpgroup's wgmma M
@@ -371,7 +372,7 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
     plan = (kv_head * num_tiles + tile).to(gl.int64) * WIDTH
     union_len = gl.load(plan_len_ptr + kv_head * num_tiles + tile)
     # Pages that end at or before every live row's position (most of them) need no per-key causal mask: a row's
-    # selection becomes an additive 0 / -inf, which leaves the logits bit-identical to the masked path's.
+    # selection becomes an additive 0 / -inf bias, which leaves the exponents bit-identical to the masked path's.
     first_pos = gl.min(gl.where(live, pos, 2147483647), axis=0)
     not_selected = gl.full([ROWS], float("-inf"), gl.float32, rows_layout)
     stages: gl.constexpr = k_bufs.shape[0]
@@ -384,12 +385,22 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
         if mine != 0:
             s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_init, use_acc=False)
             row_selected = ((mine >> (rows // GROUP_POW2)) & 1) != 0
+            # Logits are s * logit_scale (> 0) plus a row bias (0, or -inf where the row's token did not select the
+            # page), -inf at keys a row cannot see. Each exponent is one multiply-add, s * logit_scale + (bias -
+            # max), and the row max of the logits is that of the raw scores, scaled.
             if block * PAGE + PAGE - 1 <= first_pos:
-                logits = s * logit_scale + gl.where(row_selected, 0.0, not_selected)[:, None]
+                scores = s
+                bias = gl.where(row_selected, 0.0, not_selected)
             else:
                 visible = row_selected[:, None] & ((block * PAGE + keys)[None, :] <= pos[:, None])
-                logits = gl.where(visible, s * logit_scale, float("-inf"))
-            p, alpha, m_i, l_i = fold_logits(logits, m_i, l_i, KEY_AXIS=1, ROWS_MAY_SEE_NOTHING=True)
+                scores = gl.where(visible, s, float("-inf"))
+                bias = gl.zeros_like(m_i)
+            m_new = gl.maximum(m_i, gl.max(scores, axis=1) * logit_scale + bias)
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_ref)
+            p = gl.exp2(scores * logit_scale + (bias - m_ref)[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
             p16 = gl.convert_layout(p.to(gl.float16), p_layout)
             acc = acc * alpha[:, None]  # before the wait: rescales while V^T may still be decoding
             mbarrier.wait(v_ready.index(stage), phase)

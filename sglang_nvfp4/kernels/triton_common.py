@@ -205,8 +205,8 @@ def online_softmax_step(s, visible, logit_scale, m_i, l_i,
 
 @triton.jit
 def fold_logits(logits, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
-    """:func:`online_softmax_step` from base-2 logits (``-inf`` where not visible) ready-made: callers that
-    can mask more cheaply than per key (the Gluon prefill, on pages below every row's position) build them."""
+    """:func:`online_softmax_step` from base-2 logits (``-inf`` where not visible) ready-made. (The Gluon prefill's
+    consumers fold the scale into each exponent instead: :mod:`.gluon_prefill`, numerics.)"""
     m_new = tl.maximum(m_i, tl.max(logits, axis=KEY_AXIS))
     if ROWS_MAY_SEE_NOTHING:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
