@@ -295,9 +295,10 @@ def group_warps(width: int) -> int:
     """Warps of a :func:`group_tokens` program for ``width`` ids per token. Its 64 greedy steps run one after the
     other, each with reductions over the window: up to 16 ids per token one warp reduces within itself (no spills up
     to 128 bitset words, Triton 3.6, sm_90). On one H100 that took the regrouping from 0.47 to 0.24 ms per 32K layer
-    at 64/4 and from 0.125 to 0.082 ms at 16/1 (``bench/results/consumer_overlap_h100.md``; measured before the
-    bit-63 fix of the union's bitset, the landed kernel's time not yet). Wider selections keep 8 warps, so that the
-    window's ids fit their registers (one warp spills at 32 ids: 144-176 bytes of stack, Triton 3.8 and 3.6)."""
+    at 64/4 and from 0.125 to 0.082 ms at 16/1 (``bench/results/consumer_overlap_h100.md``, before the bit-63 fix of
+    the union's bitset); with the fix it took 0.200 / 0.067 ms on an H200 (``bench/results/consumer_operands_h200.md``).
+    Wider selections keep 8 warps, so that the window's ids fit their registers (one warp spills at 32 ids: 144-176
+    bytes of stack, Triton 3.8 and 3.6)."""
     return 1 if width <= 16 else 8
 
 
