@@ -28,7 +28,7 @@ from sglang_nvfp4.sglang import plugin  # noqa: E402
 from sglang_nvfp4.sglang.backend import NVFP4SparseAttnBackend, check_layer_supported  # noqa: E402
 from sglang_nvfp4.indexer import StateBytes, all_visible_blocks  # noqa: E402
 from sglang_nvfp4.sglang.config import SparseConfig, load_config, startup_config  # noqa: E402
-from sglang_nvfp4.sglang.kv_pool import NVFP4TokenToKVPool, bytes_per_token, layer_scales  # noqa: E402
+from sglang_nvfp4.sglang.kv_pool import NVFP4TokenToKVPool, bytes_per_token  # noqa: E402
 
 plugin.register()
 
@@ -682,13 +682,3 @@ def test_m3_sparse_layers_select_with_their_index_keys_and_return_idx_o_and_outp
     got = h.backend.forward(q[:0], None, None, h.layer, idle, idx_q=idx_q[:0], idx_k=idx_k[:0], idx_v=None)
     assert got[0] is None and got[1].shape == (0, 32 * 128)
     assert h.backend.forward(q[:0], None, None, h.layer, idle).shape == (0, 32 * 128)
-
-
-def test_layer_scales_are_positive_fp32():
-    """A layer's global scales: the checkpoint's, in fp32, or 1.0; a non-positive one is refused by name (the kernels
-    take row maxima of unscaled scores, and the cache write divides by the scales)."""
-    assert layer_scales(SimpleNamespace()) == (1.0, 1.0)
-    assert layer_scales(SimpleNamespace(k_scale_float=0.1, v_scale_float=None)) == (fmt.global_scale(0.1), 1.0)
-    for bad in (0.0, -2.0, float("nan")):
-        with pytest.raises(ValueError, match="v_scale_float"):
-            layer_scales(SimpleNamespace(k_scale_float=1.0, v_scale_float=bad))

@@ -30,12 +30,10 @@ logger = logging.getLogger(__name__)
 
 
 def layer_scales(layer) -> tuple[float, float]:
-    """A layer's fp32 global K/V scales: the checkpoint's when it has them, else 1.0 (``ValueError`` from
-    :func:`sglang_nvfp4.format.global_scale` for one that is not a positive finite number)."""
+    """A layer's fp32 global K/V scales: the checkpoint's when it has them, else 1.0."""
     k = getattr(layer, "k_scale_float", None)
     v = getattr(layer, "v_scale_float", None)
-    return (fmt.global_scale(1.0 if k is None else float(k), name="k_scale_float"),
-            fmt.global_scale(1.0 if v is None else float(v), name="v_scale_float"))
+    return (1.0 if k is None else float(k)), (1.0 if v is None else float(v))
 
 
 def bytes_per_token(num_kv_heads: int, num_layers: int, indexer_state: StateBytes) -> float:
