@@ -141,12 +141,24 @@ def global_scale(scale, device=None, *, name: str = "global scale", as_tensor: b
         if scale.numel() != 1 or not scale.dtype.is_floating_point:
             raise ValueError(f"{name}: expected a float or a one-element float tensor, got {scale.dtype} {tuple(scale.shape)}")
         return scale.detach().reshape(1).to(device=scale.device if device is None else device, dtype=torch.float32)
-    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
-        value = struct.unpack("f", struct.pack("f", float(scale)))[0]  # fp32 rounding
-        if not (math.isfinite(value) and value > 0):  # the scales divide the values; the kernels' maxima assume > 0
-            raise ValueError(f"{name}: expected a positive finite fp32 scale, got {scale!r}")
-        return torch.full((1,), value, dtype=torch.float32, device=device) if as_tensor else value
-    raise ValueError(f"{name}: expected a float or a one-element float tensor, got {type(scale).__name__}")
+    value = positive_fp32(scale, name)
+    return torch.full((1,), value, dtype=torch.float32, device=device) if as_tensor else value
+
+
+def positive_fp32(value, name: str) -> float:
+    """The one check of a scalar scale the kernels take in fp32 (global K/V scales, ``sm_scale``): a real number
+    (not a bool) whose fp32 rounding is positive and finite, returned as that rounding; else ``ValueError`` naming
+    ``name``. Positive because the scales divide the values and the kernels take each row's max of the unscaled
+    scores (``max(s) * scale`` is the max of the logits only for a scale > 0)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name}: expected a positive finite number, got {type(value).__name__} {value!r}")
+    try:
+        rounded = struct.unpack("f", struct.pack("f", float(value)))[0]
+    except OverflowError:  # beyond fp32's range
+        rounded = math.inf
+    if not (math.isfinite(rounded) and rounded > 0):
+        raise ValueError(f"{name}: expected a positive finite fp32 number, got {value!r}")
+    return rounded
 
 
 def quantize_nvfp4(x: torch.Tensor, scale) -> tuple[torch.Tensor, torch.Tensor]:

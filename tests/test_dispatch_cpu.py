@@ -61,7 +61,7 @@ def test_a_plan_validates_once_and_runs_every_layer():
         plan.run(p.q[:-1], p.cache, random_block_ids(p, seed=0)[:, :-1], 1.0, 1.0, 0.1)
     with pytest.raises(ValueError, match="planned"):
         plan.run(p.q, fmt.alloc_cache(4, 1), random_block_ids(p, seed=0), 1.0, 1.0, 0.1)
-    for bad in (0.0, -0.1, float("nan")):  # the Gluon prefill takes the row max of unscaled scores
+    for bad in (0.0, -0.1, float("nan"), 1e-46, True, "0.1"):  # the kernels take the row max of unscaled scores
         with pytest.raises(ValueError, match="sm_scale"):
             plan.run(p.q, p.cache, random_block_ids(p, seed=0), 1.0, 1.0, bad)
     with pytest.raises(ValueError, match="k_scale"):

@@ -261,6 +261,6 @@ def test_global_scale_is_the_fp32_value_the_kernels_use():
     assert t.dtype == torch.float32 and t.shape == (1,) and float(t) == fmt.global_scale(0.1)
     assert torch.equal(fmt.global_scale(0.1, as_tensor=True), t)
     for bad in (True, "0.1", torch.ones(2), torch.ones(1, dtype=torch.int32), 0.0, -0.5, float("inf"), float("nan"),
-                1e-46):  # the last rounds to 0 in fp32
+                1e-46, 1e40):  # the last two round to 0 and inf in fp32
         with pytest.raises(ValueError, match="k_scale"):
             fmt.global_scale(bad, name="k_scale")

@@ -59,7 +59,6 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import math
 import os
 
 import torch
@@ -289,8 +288,7 @@ class AttentionPlan:
                              f"on {q.device}, cache {tuple(cache.shape)} on {cache.device}")
         _, h = check_queries(q, hkv)
         width = check_block_ids(block_ids, hkv, t, device)
-        if not (math.isfinite(sm_scale) and sm_scale > 0):  # the kernels take the row max of unscaled scores
-            raise ValueError(f"sm_scale: expected a positive finite number, got {sm_scale!r}")
+        fmt.positive_fp32(sm_scale, "sm_scale")
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if not isinstance(scale, torch.Tensor):  # numbers: positive and finite; tensors: unchecked (no host sync)
                 fmt.global_scale(scale, name=name)
