@@ -2,7 +2,7 @@
 
 Run on the GPU host (bench/gpu_session.sh does, with the offline SGLang bundle on PYTHONPATH):
 
-    python bench/bench_kernels.py --out DIR            # everything; DIR/kernels_h200.{json,png}
+    python bench/bench_kernels.py --out DIR            # everything; DIR/kernels_<gpu>.{json,png} (e.g. kernels_h200)
     python bench/bench_kernels.py --profile            # one prefill and one decode launch, for ncu
 
 Prefill: one request of T tokens, T in {8K, 32K, 64K, 128K}, (H, Hkv) in {(64, 4), (16, 1)}, K ids per token
@@ -50,6 +50,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 import time
 
@@ -359,10 +360,18 @@ def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep, topk=fmt.TOPK):
     return row, (q, k_dense, v_dense)
 
 
+def output_path(out: str, ext: str) -> str:
+    """``out/kernels_<gpu>.<ext>``, named after the GPU that ran (``h200``, ``h100``, ...; ``gpu`` when its name has
+    no known model), so that a run on another GPU than the one asked for cannot pass for it."""
+    name = torch.cuda.get_device_name(0)
+    model = re.search(r"\b(H100|H200|H20|H800|A100|B200|B300|GB200|L40S?|MI\d+\w*)\b", name)
+    return os.path.join(out, f"kernels_{model.group(1).lower() if model else 'gpu'}.{ext}")
+
+
 def save(results, out):
     """Write the JSON (after every case, so a run cut short keeps what it measured) and the plot."""
     report = {k: v for k, v in results.items() if not k.startswith("_")}
-    with open(os.path.join(out, "kernels_h200.json"), "w") as f:
+    with open(output_path(out, "json"), "w") as f:
         json.dump(report, f, indent=1)
 
 
@@ -396,7 +405,7 @@ def run_prefill(patterns, t_list, in_tree_ok, results, out, fi=None, topks=(fmt.
              if p != "indexer" or t <= INDEXER_MAX_T]
     for i, (t, heads, hkv, pattern, topk) in enumerate(cases):
         if i and t != cases[i - 1][0]:
-            plot(results, os.path.join(out, "kernels_h200.png"))
+            plot(results, output_path(out, "png"))
         gen = torch.Generator(device=DEV).manual_seed(t + heads + len(pattern))
         try:
             row, (q, k_dense, v_dense) = prefill_case(t, heads, hkv, pattern, gen, in_tree_ok,
@@ -680,7 +689,7 @@ def profile():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench/results", help="folder for kernels_h200.json / .png")
+    parser.add_argument("--out", default="bench/results", help="folder for kernels_<gpu>.json / .png")
     parser.add_argument("--profile", action="store_true", help="only the launches to profile with ncu")
     parser.add_argument("--prefill-t", type=int, nargs="*", default=list(PREFILL_T))
     parser.add_argument("--topk", type=int, nargs="*", default=[fmt.TOPK], help="prefill ids per token")
@@ -743,8 +752,8 @@ def main():
         run_prefill(patterns, args.prefill_t, in_tree_ok, results, args.out, fi, args.topk, heads, not args.no_sweep)
     save(results, args.out)
     if results["prefill"] or results["decode"]:
-        plot(results, os.path.join(args.out, "kernels_h200.png"))
-    log(f"wrote {args.out}/kernels_h200.json" + (" and .png" if results["prefill"] or results["decode"] else ""))
+        plot(results, output_path(args.out, "png"))
+    log(f"wrote {output_path(args.out, 'json')}" + (" and .png" if results["prefill"] or results["decode"] else ""))
     summary(results)
 
 
