@@ -25,10 +25,10 @@ consecutive, or with a token order (:func:`group_tokens`) tokens of a 64-token w
 A page decoded once serves both consumers, while each runs products only for its own tokens, and the
 warp scheduler overlaps one consumer's softmax with the other's wgmma and with the producer's decoding.
 
-Numerics are the Triton kernel's, fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, exp2
-softmax, ``P`` rounded to fp16 before ``P.V``, but for one rounding: each exponent is one fused multiply-add,
-``s * logit_scale + (bias - max)``, where the Triton kernel rounds the logit before subtracting the max (64 fewer
-instructions per consumer thread and page). So the two kernels agree to rounding, not bit for bit. Batch invariance
+Numerics are the Triton kernel's, fp16 Q and tiles (``value / TILE_SCALE``, exact), fp32 scores and sums, the
+same exp2 softmax step (:func:`.triton_common.fold_scores`: each exponent one fused multiply-add), ``P`` rounded to
+fp16 before ``P.V``: the two kernels give the same bits (the benchmark's 32K problems on an H100,
+``bench/results/kernels_v2_h100_1207.md``). Batch invariance
 holds: a row's own pages are visited in ascending block order whoever shares its tile, and pages it did not select
 change nothing. Keys no member token can see have their V scales zeroed by the producer (their
 bytes may be E4M3 NaN codes) and their scores masked to ``-inf`` by the consumers.
@@ -62,6 +62,7 @@ from .triton_common import (  # layout constants (Gluon constexprs too), the dec
     SCALE_OFFSET,
     TILE_SCALE,
     V_SCALE_ROWS_PER_GROUP,
+    fold_scores,
     global_scale,
 )
 
@@ -385,9 +386,8 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
         if mine != 0:
             s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_init, use_acc=False)
             row_selected = ((mine >> (rows // GROUP_POW2)) & 1) != 0
-            # Logits are s * logit_scale (> 0) plus a row bias (0, or -inf where the row's token did not select the
-            # page), -inf at keys a row cannot see. Each exponent is one multiply-add, s * logit_scale + (bias -
-            # max), and the row max of the logits is that of the raw scores, scaled.
+            # Logits are s * logit_scale plus a row bias (0, or -inf where the row's token did not select the page),
+            # -inf at keys a row cannot see; each exponent is one multiply-add (fold_scores).
             if block * PAGE + PAGE - 1 <= first_pos:
                 scores = s
                 bias = gl.where(row_selected, 0.0, not_selected)
@@ -395,12 +395,7 @@ def _consumer(half, ptrs, bufs, scalars, GROUP: gl.constexpr, GROUP_POW2: gl.con
                 visible = row_selected[:, None] & ((block * PAGE + keys)[None, :] <= pos[:, None])
                 scores = gl.where(visible, s, float("-inf"))
                 bias = gl.zeros_like(m_i)
-            m_new = gl.maximum(m_i, gl.max(scores, axis=1) * logit_scale + bias)
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_ref)
-            p = gl.exp2(scores * logit_scale + (bias - m_ref)[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = fold_scores(scores, logit_scale, bias, m_i, l_i, 1, True)
             p16 = gl.convert_layout(p.to(gl.float16), p_layout)
             acc = acc * alpha[:, None]  # before the wait: rescales while V^T may still be decoding
             mbarrier.wait(v_ready.index(stage), phase)

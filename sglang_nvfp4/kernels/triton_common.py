@@ -8,8 +8,8 @@ way Triton's fused-attention tutorial factors ``_attn_fwd_inner`` out of its ker
   from :mod:`sglang_nvfp4.reference` (the contract's exp2 softmax);
 * the one E4M3 decoder, :func:`e4m3_decode`;
 * the page decoders :func:`load_k_tile` and :func:`load_vt_tile` (one page and KV head -> fp16 tile);
-* the attention kernels' online-softmax step :func:`online_softmax_step` (:func:`fold_logits` from ready
-  logits), the split decode's merge of two partials :func:`merge_partials`, and the final normalise-and-store
+* the attention kernels' online-softmax step :func:`online_softmax_step` (:func:`fold_scores` with a row bias),
+  the split decode's merge of two partials :func:`merge_partials`, and the final normalise-and-store
   :func:`normalize_and_store`.
 
 Tile values. An E2M1 code ``s e1 e0 m`` is rewritten as the E4M3 byte ``s << 7 | (e1 e0 m) << 2``,
@@ -188,32 +188,37 @@ def load_vt_tile(cache_ptr, v_block, key_live, USE_PTX: tl.constexpr):
 @triton.jit
 def online_softmax_step(s, visible, logit_scale, m_i, l_i,
                         KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
-    """Fold one page of logits into a running exp2 softmax; returns ``(p, alpha, m_new, l_new)``.
+    """Fold one page of scores into a running exp2 softmax; returns ``(p, alpha, m_new, l_new)``.
 
     ``s``: fp32 ``Q.K^T`` of the page (tile values, unscaled), keys on axis ``KEY_AXIS``: ``[rows, keys]``
     when 1 (prefill), ``[keys, rows]`` when 0 (decode's transposed products); ``visible``: bool,
-    broadcastable to ``s``; ``logit_scale``: maps ``s`` to base-2 logits; ``m_i``, ``l_i``: fp32 ``[rows]``
-    running max and sum. ``p``: fp32 like ``s``, ``exp2(logit - m_new)`` (0 where not visible); the
-    caller rescales its accumulator by ``alpha [rows]`` and adds ``P.V``.
+    broadcastable to ``s``; ``logit_scale`` (> 0): maps ``s`` to base-2 logits; ``m_i``, ``l_i``: fp32
+    ``[rows]`` running max (of the logits) and sum. ``p``: fp32 like ``s``, ``exp2(logit - m_new)`` (0 where not
+    visible); the caller rescales its accumulator by ``alpha [rows]`` and adds ``P.V``. See :func:`fold_scores`.
 
     ``ROWS_MAY_SEE_NOTHING``: a row may have no visible key so far (its max stays ``-inf``): its
     exponentials are then taken against 0 instead, so that it keeps ``p = 0``, ``l = 0`` and no NaN.
     Decode passes False (every kept block's first key is visible to all rows), saving the select."""
-    logits = tl.where(visible, s * logit_scale, float("-inf"))
-    return fold_logits(logits, m_i, l_i, KEY_AXIS, ROWS_MAY_SEE_NOTHING)
+    scores = tl.where(visible, s, float("-inf"))
+    return fold_scores(scores, logit_scale, 0.0, m_i, l_i, KEY_AXIS, ROWS_MAY_SEE_NOTHING)
 
 
 @triton.jit
-def fold_logits(logits, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
-    """:func:`online_softmax_step` from base-2 logits (``-inf`` where not visible) ready-made. (The Gluon prefill's
-    consumers fold the scale into each exponent instead: :mod:`.gluon_prefill`, numerics.)"""
-    m_new = tl.maximum(m_i, tl.max(logits, axis=KEY_AXIS))
+def fold_scores(scores, logit_scale, bias, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
+    """The online-softmax step of every attention kernel, on logits ``scores * logit_scale + bias``.
+
+    ``scores``: fp32, ``-inf`` at keys a row cannot see, keys on axis ``KEY_AXIS``; ``logit_scale``: fp32 > 0;
+    ``bias``: 0 or fp32 ``[rows]`` of 0 / ``-inf`` (the Gluon prefill's rows that did not select a page, without a
+    per-key mask). Each exponent is one multiply-add, ``scores * logit_scale + (bias - m)``, and the row max of
+    the logits is that of the scores, scaled: equal bit for bit, as multiplying by a positive number keeps the
+    order. Returns ``(p, alpha, m_new, l_new)`` as :func:`online_softmax_step`."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=KEY_AXIS) * logit_scale + bias)
     if ROWS_MAY_SEE_NOTHING:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
     alpha = tl.exp2(m_i - m_ref)
-    p = tl.exp2(logits - tl.expand_dims(m_ref, KEY_AXIS))
+    p = tl.exp2(scores * logit_scale + tl.expand_dims(bias - m_ref, KEY_AXIS))
     l_new = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
     return p, alpha, m_new, l_new
 
