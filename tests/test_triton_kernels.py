@@ -25,7 +25,7 @@ from sglang_nvfp4.reference import sparse_prefill_reference
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-register_module(__file__, expected_passed=46, timeout=1200, run_s=130)  # the tests defined under ``if INTERPRETED``
+register_module(__file__, expected_passed=47, timeout=1200, run_s=130)  # the tests defined under ``if INTERPRETED``
 
 
 def rel_err(a, b):
@@ -310,6 +310,54 @@ if INTERPRETED:
         assert not outs[0].isnan().any()
         for out in outs[1:]:
             assert torch.equal(out, outs[0])
+
+    from sglang_nvfp4.kernels.triton_common import fold_scores, online_softmax_step
+
+    @triton.jit
+    def _fold_both_ways_kernel(s_ptr, selected_ptr, stats_ptr, p_ptr, out_stats_ptr, logit_scale,
+                               ROWS: tl.constexpr, KEYS: tl.constexpr):
+        """One page's step for rows that selected it or not, two ways: ``online_softmax_step`` with the rows masked
+        (``p_ptr[0]``, ``out_stats_ptr[0]``: alpha, m, l) and ``fold_scores`` with a row bias of 0 / -inf (``[1]``)."""
+        rows = tl.arange(0, ROWS)
+        s = tl.load(s_ptr + rows[:, None] * KEYS + tl.arange(0, KEYS)[None, :])
+        selected = tl.load(selected_ptr + rows) != 0
+        m_i, l_i = tl.load(stats_ptr + rows), tl.load(stats_ptr + ROWS + rows)
+        bias = tl.where(selected, 0.0, float("-inf"))
+        for way in tl.static_range(2):
+            if way == 0:
+                p, alpha, m, l = online_softmax_step(s, selected[:, None], logit_scale, m_i, l_i, 1, True)
+            else:
+                p, alpha, m, l = fold_scores(s, logit_scale, bias, m_i, l_i, 1, True)
+            tl.store(p_ptr + way * ROWS * KEYS + rows[:, None] * KEYS + tl.arange(0, KEYS)[None, :], p)
+            tl.store(out_stats_ptr + (3 * way + 0) * ROWS + rows, alpha)
+            tl.store(out_stats_ptr + (3 * way + 1) * ROWS + rows, m)
+            tl.store(out_stats_ptr + (3 * way + 2) * ROWS + rows, l)
+
+    def test_fold_scores_row_bias_is_the_masked_step():
+        """The Gluon prefill's unmasked pages fold their rows' selections in as a bias (0 / -inf) instead of masking
+        the scores: the same bits as the masked step, and both equal a float64 model of the exp2 softmax step. Rows:
+        selected or not, with a running max of -inf (nothing seen yet) or finite."""
+        rows, keys, logit_scale = 16, 32, 0.37
+        gen = torch.Generator().manual_seed(3)
+        s = torch.randn(rows, keys, generator=gen) * 5
+        selected = torch.tensor([1, 0] * 8, dtype=torch.int32)
+        m_i = torch.randn(rows, generator=gen) * 3
+        l_i = torch.rand(rows, generator=gen) * 10 + 1
+        m_i[:4], l_i[:4] = float("-inf"), 0.0  # rows 0 (selected) to 3 have seen no key
+        p, stats = torch.full((2, rows, keys), float("nan")), torch.full((6, rows), float("nan"))
+        _fold_both_ways_kernel[(1,)](s, selected, torch.stack([m_i, l_i]), p, stats, logit_scale, ROWS=rows, KEYS=keys)
+        assert torch.equal(p[0], p[1]) and torch.equal(stats[:3], stats[3:])
+        logits = torch.where(selected[:, None] != 0, s.double() * float(torch.tensor(logit_scale)), float("-inf"))
+        m = torch.maximum(m_i.double(), logits.amax(dim=1))
+        m_ref = torch.where(m == float("-inf"), 0.0, m)
+        want_p = torch.exp2(logits - m_ref[:, None])
+        alpha = torch.exp2(m_i.double() - m_ref)
+        torch.testing.assert_close(p[0].double(), want_p, rtol=4e-6, atol=0)
+        torch.testing.assert_close(stats[0].double(), alpha, rtol=4e-6, atol=0)
+        assert torch.equal(stats[1].double(), m.float().double())  # the max of the scores, scaled: the logits' max
+        torch.testing.assert_close(stats[2].double(), l_i.double() * alpha + want_p.sum(dim=1), rtol=4e-6, atol=0)
+        unselected = selected == 0
+        assert (p[0][unselected] == 0).all() and torch.equal(stats[2][unselected], l_i[unselected])
 
     def test_dispatcher_serves_triton_with_tensor_scales_and_strided_q(forced_triton):
         p = make_problem(70, [500, 260], [9, 4], num_heads=16, num_kv_heads=2, k_scale=0.5, v_scale=3.0,
