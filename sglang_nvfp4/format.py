@@ -141,6 +141,8 @@ def global_scale(scale, device=None, *, name: str = "global scale", as_tensor: b
         if scale.numel() != 1 or not scale.dtype.is_floating_point:
             raise ValueError(f"{name}: expected a float or a one-element float tensor, got {scale.dtype} {tuple(scale.shape)}")
         return scale.detach().reshape(1).to(device=scale.device if device is None else device, dtype=torch.float32)
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
+        raise ValueError(f"{name}: expected a float or a one-element float tensor, got {type(scale).__name__}")
     value = positive_fp32(scale, name)
     return torch.full((1,), value, dtype=torch.float32, device=device) if as_tensor else value
 

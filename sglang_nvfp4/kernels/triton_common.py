@@ -8,7 +8,7 @@ way Triton's fused-attention tutorial factors ``_attn_fwd_inner`` out of its ker
   from :mod:`sglang_nvfp4.reference` (the contract's exp2 softmax);
 * the one E4M3 decoder, :func:`e4m3_decode`;
 * the page decoders :func:`load_k_tile` and :func:`load_vt_tile` (one page and KV head -> fp16 tile);
-* the attention kernels' online-softmax step :func:`online_softmax_step` (:func:`fold_scores` with a row bias),
+* the attention kernels' online-softmax step :func:`fold_scores` (:func:`online_softmax_step`: over masked scores),
   the split decode's merge of two partials :func:`merge_partials`, and the final normalise-and-store
   :func:`normalize_and_store`.
 
@@ -207,9 +207,11 @@ def online_softmax_step(s, visible, logit_scale, m_i, l_i,
 def fold_scores(scores, logit_scale, bias, m_i, l_i, KEY_AXIS: tl.constexpr, ROWS_MAY_SEE_NOTHING: tl.constexpr):
     """The online-softmax step of every attention kernel, on logits ``scores * logit_scale + bias``.
 
-    ``scores``: fp32, ``-inf`` at keys a row cannot see, keys on axis ``KEY_AXIS``; ``logit_scale``: fp32 > 0;
-    ``bias``: 0 or fp32 ``[rows]`` of 0 / ``-inf`` (the Gluon prefill's rows that did not select a page, without a
-    per-key mask). Each exponent is one multiply-add, ``scores * logit_scale + (bias - m)``, and the row max of
+    ``scores``: fp32, ``-inf`` at keys a row cannot see, keys on axis ``KEY_AXIS``; ``logit_scale``: fp32, positive
+    and finite (a zero would turn the masked scores' ``-inf * 0`` into NaN: the plan checks numeric scales, a scale
+    tensor is its caller's); ``bias``: 0, or fp32 ``[rows]`` of 0 / ``-inf`` (the Gluon prefill's rows that did not
+    select a page, without a per-key mask; a ``-inf`` bias needs ``ROWS_MAY_SEE_NOTHING``, else ``bias - m`` is
+    ``-inf - -inf``). Each exponent is one multiply-add, ``scores * logit_scale + (bias - m)``, and the row max of
     the logits is that of the scores, scaled: equal bit for bit, as multiplying by a positive number keeps the
     order. Returns ``(p, alpha, m_new, l_new)`` as :func:`online_softmax_step`."""
     m_new = tl.maximum(m_i, tl.max(scores, axis=KEY_AXIS) * logit_scale + bias)
