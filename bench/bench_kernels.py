@@ -361,11 +361,13 @@ def prefill_case(t, heads, hkv, pattern, gen, in_tree_ok, sweep, topk=fmt.TOPK):
 
 
 def output_path(out: str, ext: str) -> str:
-    """``out/kernels_<gpu>.<ext>``, named after the GPU that ran (``h200``, ``h100``, ...; ``gpu`` when its name has
-    no known model), so that a run on another GPU than the one asked for cannot pass for it."""
+    """``out/kernels_<gpu>.<ext>``, named after the GPU that ran (``h200``, ``h100``, ``gh200``, ``mi355x``, ...; the
+    whole device name, lower case, for other GPUs), so that a run on another GPU than the one asked for cannot pass
+    for it."""
     name = torch.cuda.get_device_name(0)
-    model = re.search(r"\b(H100|H200|H20|H800|A100|B200|B300|GB200|L40S?|MI\d+\w*)\b", name)
-    return os.path.join(out, f"kernels_{model.group(1).lower() if model else 'gpu'}.{ext}")
+    model = re.search(r"\b(G?H\d+|[AB]\d+|GB\d+|L40S?|MI\d+\w*)\b", name)
+    tag = model.group(1) if model else re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    return os.path.join(out, f"kernels_{tag.lower()}.{ext}")
 
 
 def save(results, out):
