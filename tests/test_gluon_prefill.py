@@ -97,11 +97,38 @@ def test_compiles_for_hopper(group, width, by_pointer, producer_warps):
     _assert_one_fma_per_exponent(ptx)
 
 
-def _assert_one_fma_per_exponent(ptx: str):
-    """Each score's exponent is one multiply-add, ``s * logit_scale + (bias - max)``: no subtraction per score (with
+def _assert_one_fma_per_exponent(ptx: str, scores: int = 2 * 64):
+    """Each score's exponent is one multiply-add, ``s * logit_scale + (bias - max)`` (``triton_common.fold_scores``):
+    at least ``scores`` (per thread: the two consumers' 64 each) ``fma.rn.f32``, and no subtraction per score (with
     the max subtracted from a rounded logit, each consumer's 64 scores per thread took 64 ``sub.f32``)."""
-    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) >= 2 * 64  # two consumers' 64 scores per thread
-    assert len(re.findall(r"\bsub(\.rn)?\.f32\b", ptx)) <= 16  # per-row terms only (main had 132)
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) >= scores
+    assert len(re.findall(r"\bsub(\.rn)?\.f32\b", ptx)) <= 16  # per-row terms only (before: 132)
+
+
+def test_triton_kernel_takes_the_same_softmax_step_on_hopper():
+    """The Triton prefill kernel, compiled for sm_90 at 16 heads per KV head as the dispatcher's fallback launches it,
+    fuses each exponent's multiply-add as the Gluon consumers do (64 scores per thread: 4 tokens x 16 heads x 128
+    keys over 128 threads), the step on which their same output bits rest (``test_gives_the_triton_kernels_bits``).
+    Before ``fold_scores`` it took 66 ``sub.f32`` and 2 ``fma.rn.f32``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    config = triton_prefill.default_prefill_config(16)
+    signature = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8"}
+    signature.update({name: "*i32" for name in ("pos_ptr", "plan_len_ptr", "plan_page_ptr", "plan_block_ptr",
+                                                "plan_members_ptr")})
+    signature.update({name: "fp32" for name in ("k_scale", "v_scale", "sm_scale")})
+    signature.update({name: "i32" for name in ("T", "stride_qt", "stride_qh", "stride_ot", "stride_oh")})
+    constexprs = {"HKV": 4, "GROUP": 16, "GROUP_POW2": 16, "BLOCK_T": config.tokens_per_tile, "WIDTH": 64,
+                  "K_SCALE_BY_POINTER": False, "V_SCALE_BY_POINTER": False, "USE_PTX": True}
+    signature.update({name: "constexpr" for name in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
+    compiled = triton.compile(ASTSource(triton_prefill._sparse_prefill_kernel, signature, constexprs, attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    scores_per_thread = config.tokens_per_tile * 16 * fmt.PAGE_SIZE // (32 * config.num_warps)
+    assert scores_per_thread == 64
+    _assert_one_fma_per_exponent(compiled.asm["ptx"], scores_per_thread)
 
 
 @pytest.mark.parametrize("predecoded", [False, True])
@@ -127,7 +154,6 @@ def test_one_warp_regroups_a_window_without_spills(words):
     kernel keeps the window's ids and its bitset of ``words`` words in registers: no local-memory stores or loads."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
 
     assert triton_prefill.group_warps(16) == 1 and triton_prefill.group_warps(17) == 8
     signature = {"block_ids_ptr": "*i32", "req_ptr": "*i32", "pos_ptr": "*i32", "order_ptr": "*i32", "T": "i32",
