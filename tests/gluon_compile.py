@@ -25,6 +25,19 @@ def compile_for_hopper(kernel, signature: dict, constexprs: dict, num_warps: int
                           options=options)
 
 
+def compile_triton_for_hopper(kernel, signature: dict, constexprs: dict, options: dict, divisible=None):
+    """``kernel`` (a ``triton.jit`` function) compiled for sm_90; ``divisible``: the arguments a launch specializes as
+    16-divisible (default: the pointers, as torch allocations are; sizes too where the caller passes them)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if divisible is None:
+        divisible = [name for name, kind in signature.items() if kind.startswith("*")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in divisible}
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
 def cuobjdump(compiled, flag: str) -> str:
     """The output of the ``cuobjdump`` that Triton bundles, with ``flag`` (``-res-usage``, ``-sass``), on the cubin of
     ``compiled``."""

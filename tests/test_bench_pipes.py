@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 
 import bench_pipes  # noqa: E402
-from gluon_compile import cuobjdump  # noqa: E402
+from gluon_compile import compile_triton_for_hopper, cuobjdump  # noqa: E402
 
 # PTX instruction -> its SASS opcode on sm_90 (``mul.rn.f16x2`` may also be issued as ``HFMA2.MMA``, on the same unit)
 SASS = {"cvt.rn.f16x2.e4m3x2": "F2FP.F16.E4M3.UNPACK_B", "lop3.b32": "LOP3.LUT", "prmt.b32": "PRMT",
@@ -19,14 +19,10 @@ SASS = {"cvt.rn.f16x2.e4m3x2": "F2FP.F16.E4M3.UNPACK_B", "lop3.b32": "LOP3.LUT",
 
 
 def _compile(kernel, asm: dict):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     signature = {"x_ptr": "*u32", "y_ptr": "*u32", "ITERS": "constexpr", "BLOCK": "constexpr",
                  **{name: "constexpr" for name in asm}}
-    source = ASTSource(kernel, signature, {"ITERS": 4, "BLOCK": 1024, **asm})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    return compile_triton_for_hopper(kernel, signature, {"ITERS": 4, "BLOCK": 1024, **asm}, {"num_warps": 8},
+                                     divisible=())
 
 
 def test_a_single_chain_runs_its_instruction_and_every_case_is_in_a_pair():

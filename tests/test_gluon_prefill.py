@@ -17,7 +17,7 @@ import torch
 import triton
 from triton.runtime.jit import mangle_type
 
-from gluon_compile import compile_for_hopper, cuobjdump, registers_and_stack
+from gluon_compile import compile_for_hopper, compile_triton_for_hopper, cuobjdump, registers_and_stack
 from sglang_nvfp4 import format as fmt
 
 from sglang_nvfp4.kernels import gluon_prefill, triton_predecode, triton_prefill
@@ -110,9 +110,6 @@ def test_triton_kernel_takes_the_same_softmax_step_on_hopper():
     fuses each exponent's multiply-add as the Gluon consumers do (64 scores per thread: 4 tokens x 16 heads x 128
     keys over 128 threads), the step on which their same output bits rest (``test_gives_the_triton_kernels_bits``).
     Before ``fold_scores`` it took 66 ``sub.f32`` and 2 ``fma.rn.f32``."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     config = triton_prefill.default_prefill_config(16)
     signature = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8"}
     signature.update({name: "*i32" for name in ("pos_ptr", "plan_len_ptr", "plan_page_ptr", "plan_block_ptr",
@@ -122,10 +119,8 @@ def test_triton_kernel_takes_the_same_softmax_step_on_hopper():
     constexprs = {"HKV": 4, "GROUP": 16, "GROUP_POW2": 16, "BLOCK_T": config.tokens_per_tile, "WIDTH": 64,
                   "K_SCALE_BY_POINTER": False, "V_SCALE_BY_POINTER": False, "USE_PTX": True}
     signature.update({name: "constexpr" for name in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    compiled = triton.compile(ASTSource(triton_prefill._sparse_prefill_kernel, signature, constexprs, attrs),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    compiled = compile_triton_for_hopper(triton_prefill._sparse_prefill_kernel, signature, constexprs,
+                                         {"num_warps": config.num_warps, "num_stages": config.num_stages})
     scores_per_thread = config.tokens_per_tile * 16 * fmt.PAGE_SIZE // (32 * config.num_warps)
     assert scores_per_thread == 64
     _assert_one_fma_per_exponent(compiled.asm["ptx"], scores_per_thread)
@@ -152,18 +147,14 @@ def test_one_warp_regroups_a_window_without_spills(words):
     """``group_tokens`` runs one warp per window at up to 16 ids per token (``triton_prefill.group_warps``): compiled
     for sm_90 as a launch at top-16 specializes it (16-divisible pointers and sizes, the ids' last stride 1), the
     kernel keeps the window's ids and its bitset of ``words`` words in registers: no local-memory stores or loads."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     assert triton_prefill.group_warps(16) == 1 and triton_prefill.group_warps(17) == 8
     signature = {"block_ids_ptr": "*i32", "req_ptr": "*i32", "pos_ptr": "*i32", "order_ptr": "*i32", "T": "i32",
                  "K": "i32", "places": "i32", "stride_ih": "i32", "stride_it": "i32", "stride_ik": "constexpr",
                  "BLOCK_T": "constexpr", "K_POW2": "constexpr", "WINDOW": "constexpr", "WORDS": "constexpr"}
     constexprs = {"stride_ik": 1, "BLOCK_T": 8, "K_POW2": 16, "WINDOW": triton_prefill.GROUP_WINDOW, "WORDS": words}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind != "constexpr"}
-    source = ASTSource(triton_prefill._group_tokens_kernel, signature, constexprs, attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": triton_prefill.group_warps(16)})
+    sizes_too = [name for name, kind in signature.items() if kind != "constexpr"]
+    compiled = compile_triton_for_hopper(triton_prefill._group_tokens_kernel, signature, constexprs,
+                                         {"num_warps": triton_prefill.group_warps(16)}, divisible=sizes_too)
     sass = cuobjdump(compiled, "-sass")
     assert "HGMMA" not in sass and "SHFL" in sass  # the kernel it should be, its reductions within the warp
     assert not re.search(r"\b(STL|LDL)\b", sass)
